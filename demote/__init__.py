@@ -1,0 +1,1 @@
+"""The shared, framework-free core of demote."""

@@ -1,0 +1,78 @@
+"""The one error tree of demote.
+
+Every error demote raises on purpose derives from :class:`DemoteError`; where a builtin
+says the same thing, the error subclasses it too, so ``except ValueError`` keeps working::
+
+    DemoteError
+    ├── ConfigError(ValueError)            a policy, option or argument is invalid
+    │   ├── ConversationIdError            a conversation id is empty, not a str, or unsafe
+    │   └── TranscriptError                a transcript line cannot be read (names the line)
+    ├── HookError                          a demotion hook failed (``on_hook_error="raise"``)
+    │   └── HookTimeout(TimeoutError)      an async hook did not finish within ``hook_timeout``
+    ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
+    ├── StoreError                         a state store, archive or outbox backend failed
+    └── MissingExtraError(ImportError)     an optional extra is not installed
+
+Backend exceptions (``sqlite3.Error`` and friends) are translated at the boundary that
+talks to the backend, never in the middle of the engine.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConversationIdError",
+    "DemoteError",
+    "HookError",
+    "HookTimeout",
+    "MissingExtraError",
+    "StoreError",
+    "SummarizerError",
+    "TranscriptError",
+]
+
+
+class DemoteError(Exception):
+    """Root of every error demote raises on purpose."""
+
+
+class ConfigError(DemoteError, ValueError):
+    """A policy, option or argument is invalid; the message names the field."""
+
+
+class ConversationIdError(ConfigError):
+    """A conversation id is empty, not a string, or otherwise unusable."""
+
+
+class TranscriptError(ConfigError):
+    """A transcript cannot be read; ``line`` is the 1-based line number, if known."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(f"line {line}: {message}" if line is not None else message)
+        self.line = line
+
+
+class HookError(DemoteError):
+    """A demotion hook failed; the watermark did not advance, so the next load retries."""
+
+
+class HookTimeout(HookError, TimeoutError):
+    """An async hook did not finish within the configured ``hook_timeout``."""
+
+
+class SummarizerError(DemoteError):
+    """A summarizer failed; the summary is retried on a later load."""
+
+
+class StoreError(DemoteError):
+    """A state store, archive or outbox backend failed."""
+
+
+class MissingExtraError(DemoteError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"{module!r} is not installed; install it with: pip install 'demote[{extra}]'"
+        )
+        self.extra = extra

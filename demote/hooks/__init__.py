@@ -1,0 +1,1 @@
+"""Demotion hooks: where demoted messages go."""

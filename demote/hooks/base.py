@@ -1,0 +1,40 @@
+"""The hook protocol: where demoted messages go.
+
+A hook implements ``deliver(batch)`` and/or ``async adeliver(batch)``. The engine calls
+whichever fits the caller: a sync load calls ``deliver`` (or runs ``adeliver`` to
+completion), an async load awaits ``adeliver`` (or runs ``deliver`` in a worker thread so
+the event loop never blocks). A hook signals failure by raising; the engine then keeps the
+watermark where it was, so the next load delivers the same batch again.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from demote.records import Demotion, Recalled
+
+__all__ = ["AsyncHook", "Recall", "SyncHook"]
+
+
+@runtime_checkable
+class SyncHook(Protocol):
+    """A hook with a blocking ``deliver``."""
+
+    def deliver(self, batch: Demotion) -> None:
+        """Store ``batch``; raise to refuse it (it will be offered again)."""
+
+
+@runtime_checkable
+class AsyncHook(Protocol):
+    """A hook with an awaitable ``adeliver``."""
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """Store ``batch``; raise to refuse it (it will be offered again)."""
+
+
+@runtime_checkable
+class Recall(Protocol):
+    """Anything that reads the long tail back: ``SQLiteArchive``, ``Mem0Recall``."""
+
+    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
+        """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``."""

@@ -1,0 +1,176 @@
+"""The core's small frozen records.
+
+Adapters translate framework messages into :class:`MessageRecord` (see :func:`describe`),
+the planner works on those, and hooks receive :class:`Demotion` batches. Every record is
+immutable, slotted and cheap to compare, so tests can assert on them directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from demote.errors import ConfigError
+
+__all__ = [
+    "ROLES",
+    "ConversationState",
+    "DemotedMessage",
+    "Demotion",
+    "MessageRecord",
+    "Recalled",
+    "Role",
+    "fingerprint",
+    "make_key",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+def fingerprint(
+    role: str, text: str, opens: Sequence[str] = (), answers: str | None = None
+) -> str:
+    """A stable fingerprint of one message's content (the same in every process).
+
+    Args:
+        role: One of ``system``, ``user``, ``assistant``, ``tool``.
+        text: The message text.
+        opens: Ids of the tool calls the message opens.
+        answers: Id of the tool call the message answers.
+
+    Returns:
+        A 32-character hex digest.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(role.encode())
+    h.update(b"\x00")
+    h.update(text.encode("utf-8", "surrogatepass"))
+    for call_id in opens:
+        h.update(b"\x01")
+        h.update(call_id.encode("utf-8", "surrogatepass"))
+    if answers is not None:
+        h.update(b"\x02")
+        h.update(answers.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def make_key(conversation_id: str, index: int, message_fingerprint: str) -> str:
+    """The stable dedup key of a message: conversation, position and fingerprint.
+
+    The same message at the same place in the same conversation always has the same key,
+    in every process; built-in hooks are idempotent on it.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(conversation_id.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00")
+    h.update(str(index).encode())
+    h.update(b"\x00")
+    h.update(message_fingerprint.encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """What the core knows about one message: made by adapters, read by the planner.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        text: The message text (tool calls are not part of it).
+        fingerprint: Stable content fingerprint (see :func:`fingerprint`).
+        tokens: Token count under the policy's counter.
+        opens: Ids of the tool calls this message opens (assistant messages).
+        answers: Id of the tool call this message answers (tool messages).
+    """
+
+    role: Role
+    text: str
+    fingerprint: str
+    tokens: int
+    opens: tuple[str, ...] = ()
+    answers: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"role must be one of {sorted(ROLES)}, got {self.role!r}")
+        if self.tokens < 0:
+            raise ConfigError(f"tokens must be >= 0, got {self.tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """The durable demotion state of one conversation.
+
+    Positions are absolute indexes into the conversation's full history.
+
+    Attributes:
+        window_start: Index of the first message kept in the active window; everything
+            before it (after the pinned system messages) is demoted or summarized.
+        delivered: Watermark: messages before this index were accepted by the hook.
+            ``delivered <= window_start``; any gap is covered by the summary.
+        anchor: Fingerprint of the message at ``window_start - 1`` (rewrite detection).
+        summary: The committed running summary (``Compact``), or ``None``.
+        summarized: Messages before this index are covered by ``summary``.
+        offset: Messages removed from the front of the inner store (pruned); absolute
+            index = offset + position in the store.
+        generation: Bumped on every clear, so stale work is recognised and discarded.
+    """
+
+    window_start: int = 0
+    delivered: int = 0
+    anchor: str | None = None
+    summary: str | None = None
+    summarized: int = 0
+    offset: int = 0
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DemotedMessage:
+    """One message handed to a hook.
+
+    Attributes:
+        role: The message role.
+        text: The message text.
+        index: Absolute position in the conversation.
+        key: Stable dedup key (conversation, index, fingerprint).
+        raw: The framework's own message object (``None`` after a restart from an outbox).
+    """
+
+    role: Role
+    text: str
+    index: int
+    key: str
+    raw: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Demotion:
+    """A batch of messages demoted from one conversation, oldest first."""
+
+    conversation_id: str
+    messages: tuple[DemotedMessage, ...]
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A message read back from the long tail for a query.
+
+    Attributes:
+        role: The message role.
+        text: The message text.
+        index: Absolute position in the conversation (``-1`` when the store has none).
+        key: The dedup key it was stored under.
+        score: Relevance, higher is better (comparable within one search only).
+    """
+
+    role: str
+    text: str
+    index: int
+    key: str
+    score: float = 0.0
