@@ -16,6 +16,7 @@ from demote.errors import ConfigError
 
 __all__ = [
     "ROLES",
+    "CapturedTurn",
     "ConversationState",
     "DemotedMessage",
     "Demotion",
@@ -174,3 +175,22 @@ class Recalled:
     index: int
     key: str
     score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedTurn:
+    """One new user turn sent to a capture sink (an extractor such as mem0).
+
+    Attributes:
+        conversation_id: The conversation it belongs to.
+        role: Always the speaker's role (``user`` for the built-in adapters).
+        text: Only the speaker's own words: never recalled, summary or system text.
+        index: Absolute position in the conversation (``-1`` if unknown).
+        key: Stable dedup key (see :func:`make_key`).
+    """
+
+    conversation_id: str
+    role: Role
+    text: str
+    index: int
+    key: str

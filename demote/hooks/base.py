@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from demote.records import Demotion, Recalled
+from demote.records import CapturedTurn, Demotion, Recalled
 
-__all__ = ["AsyncHook", "Recall", "SyncHook"]
+__all__ = ["AsyncHook", "Capture", "Recall", "SyncHook"]
 
 
 @runtime_checkable
@@ -38,3 +38,11 @@ class Recall(Protocol):
 
     def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
         """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``."""
+
+
+@runtime_checkable
+class Capture(Protocol):
+    """Takes each new user turn off the request path (``Mem0Capture``): never blocks."""
+
+    def capture(self, turn: CapturedTurn) -> None:
+        """Queue ``turn`` for extraction; must return at once."""
