@@ -31,9 +31,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 
 
-def fingerprint(
-    role: str, text: str, opens: Sequence[str] = (), answers: str | None = None
-) -> str:
+def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | None = None) -> str:
     """A stable fingerprint of one message's content (the same in every process).
 
     Args:
@@ -111,6 +109,7 @@ class ConversationState:
             before it (after the pinned system messages) is demoted or summarized.
         delivered: Watermark: messages before this index were accepted by the hook.
             ``delivered <= window_start``; any gap is covered by the summary.
+        pinned: How many leading system messages are pinned (never demoted).
         anchor: Fingerprint of the message at ``window_start - 1`` (rewrite detection).
         summary: The committed running summary (``Compact``), or ``None``.
         summarized: Messages before this index are covered by ``summary``.
@@ -121,6 +120,7 @@ class ConversationState:
 
     window_start: int = 0
     delivered: int = 0
+    pinned: int = 0
     anchor: str | None = None
     summary: str | None = None
     summarized: int = 0

@@ -1,0 +1,411 @@
+"""The demotion engine: load -> plan -> deliver -> commit.
+
+Theory of operation
+-------------------
+Adapters call :meth:`Demoter.load` (or :meth:`Demoter.aload`) on every read with the
+conversation's full history and a function that describes one message as a
+:class:`~demote.records.MessageRecord`. One load:
+
+1. takes the conversation's in-flight gate if it is free (never waits for it);
+2. reads the committed state and describes only the messages the planner needs (records
+   are cached per conversation by message identity, so an unchanged window is not
+   re-described, and each message's tokens are counted once in its life);
+3. runs the pure planner; a history that no longer matches the state is re-synced from a
+   fresh state, and messages whose keys the hook already holds are not offered again;
+4. if the plan demotes messages and this caller holds the gate, hands them to the hook as
+   one :class:`~demote.records.Demotion`, then commits the new watermark with
+   compare-and-set. A caller without the gate returns the planned window at once: the
+   holder is delivering. A hook failure keeps the watermark (the next load retries) and
+   the window keeps the undelivered messages;
+5. returns the window: pinned system messages, the committed summary, the kept messages.
+
+Steps 1-3 and 5 are plain code shared by both entry points. The only I/O that differs
+between sync and async callers, the hook call, is yielded by a generator (``_flow``) as an
+operation object; two short drivers run it, one blocking, one awaiting. ``clear`` and
+``forget`` bump the conversation's epoch, so a delivery still in flight when they run
+neither commits its stale state nor releases the newer reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Literal, TypeVar
+
+from demote.errors import ConfigError, HookError, HookTimeout
+from demote.hooks.simple import NoopHook, check_hook, deliver_async, deliver_sync
+from demote.planner import Plan, needed_from, plan
+from demote.policy import SlidingWindow
+from demote.records import (
+    ConversationState,
+    DemotedMessage,
+    Demotion,
+    MessageRecord,
+    fingerprint,
+    make_key,
+)
+from demote.state.base import StateStore, validate_conversation_id
+from demote.state.memory import InMemoryStateStore
+from demote.tokens import TokenCache
+
+__all__ = ["Demoter", "Window"]
+
+logger = logging.getLogger("demote")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Window(Generic[T]):
+    """What a load returns: the part of the history the model should see.
+
+    Attributes:
+        conversation_id: The conversation.
+        pinned: Leading system messages (never demoted).
+        summary: The committed running summary, or ``None``.
+        messages: The kept messages, oldest first.
+        start: Absolute index of ``messages[0]``.
+        total: Length of the full history.
+        demoted: Messages this call handed to the hook.
+    """
+
+    conversation_id: str
+    pinned: list[T]
+    summary: str | None
+    messages: list[T]
+    start: int
+    total: int
+    demoted: int = 0
+
+    def __len__(self) -> int:
+        return len(self.pinned) + len(self.messages)
+
+
+@dataclass(slots=True)
+class _Deliver:
+    """The one I/O operation of a load: hand a batch to the hook."""
+
+    hook: object
+    batch: Demotion
+    timeout: float | None
+
+    def run_sync(self) -> None:
+        deliver_sync(self.hook, self.batch)
+
+    async def run_async(self) -> None:
+        if self.timeout is None:
+            await deliver_async(self.hook, self.batch)
+            return
+        try:
+            await asyncio.wait_for(deliver_async(self.hook, self.batch), self.timeout)
+        except TimeoutError as exc:
+            raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
+
+
+_Flow = Generator[_Deliver, None, R]
+
+
+def _drive_sync(flow: _Flow[R]) -> R:
+    """Run a flow, performing each yielded operation with blocking calls."""
+    error: Exception | None = None
+    while True:
+        try:
+            op = flow.throw(error) if error is not None else next(flow)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            op.run_sync()
+            error = None
+        except Exception as exc:  # handed back to the flow, which decides
+            error = exc
+        except BaseException:
+            flow.close()
+            raise
+
+
+async def _drive_async(flow: _Flow[R]) -> R:
+    """Run a flow, awaiting each yielded operation (cancellation closes the flow)."""
+    error: Exception | None = None
+    while True:
+        try:
+            op = flow.throw(error) if error is not None else next(flow)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            await op.run_async()
+            error = None
+        except Exception as exc:
+            error = exc
+        except BaseException:
+            flow.close()
+            raise
+
+
+@dataclass(slots=True)
+class _View:
+    """Records of one conversation's recent messages, cached by message identity."""
+
+    base: int
+    raws: list[Any] = field(default_factory=list)
+    records: list[MessageRecord] = field(default_factory=list)
+
+
+class Demoter:
+    """Keeps each conversation's active window and demotes what falls out, once.
+
+    One Demoter serves any number of conversations; share it across adapters.
+
+    Args:
+        policy: The window policy.
+        hook: Where demoted messages go (``NoopHook`` if omitted): an object with
+            ``deliver(batch)`` and/or ``async adeliver(batch)``.
+        state: Where watermarks live; ``InMemoryStateStore()`` if omitted, use
+            ``SQLiteStateStore(path)`` to survive restarts.
+        on_hook_error: ``"log"`` (warn and return the window) or ``"raise"``
+            (:class:`~demote.errors.HookError` to the caller that drove the delivery).
+            Either way the watermark stays and the next load retries.
+        hook_timeout: Seconds an async load waits for the hook before giving up
+            (:class:`~demote.errors.HookTimeout`); ``None`` waits forever.
+    """
+
+    def __init__(
+        self,
+        policy: SlidingWindow,
+        hook: object | None = None,
+        *,
+        state: StateStore | None = None,
+        on_hook_error: Literal["log", "raise"] = "log",
+        hook_timeout: float | None = None,
+    ) -> None:
+        if not isinstance(policy, SlidingWindow):
+            raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
+        if on_hook_error not in ("log", "raise"):
+            raise ConfigError(f"on_hook_error: must be 'log' or 'raise', got {on_hook_error!r}")
+        if hook_timeout is not None and not hook_timeout > 0:
+            raise ConfigError(f"hook_timeout: must be > 0 seconds, got {hook_timeout!r}")
+        self.policy = policy
+        self.hook: object = NoopHook() if hook is None else hook
+        check_hook(self.hook)
+        self.state: StateStore = InMemoryStateStore() if state is None else state
+        self.on_hook_error = on_hook_error
+        self.hook_timeout = hook_timeout
+        self.tokens = TokenCache(policy.counter)
+        self._lock = threading.Lock()
+        self._gates: dict[str, object] = {}
+        self._epochs: dict[str, int] = {}
+        self._views: dict[str, _View] = {}
+
+    # -- describing messages -------------------------------------------------------------
+
+    def describe(
+        self, role: Any, text: str, *, opens: Sequence[str] = (), answers: str | None = None
+    ) -> MessageRecord:
+        """Describe one message for the planner (adapters call this from ``to_core``)."""
+        opens = tuple(opens)
+        fp = fingerprint(role, text, opens, answers)
+        return MessageRecord(role, text, fp, self.tokens.count(fp, text), opens, answers)
+
+    def _records(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        lo: int,
+        describe: Callable[[T], MessageRecord],
+    ) -> tuple[list[MessageRecord], int]:
+        """Records of ``messages[lo:]``, reusing the cached ones for the same objects."""
+        n = len(messages)
+        lo = min(lo, n)
+        view = self._views.get(conversation_id)
+        raws = list(messages[lo:])
+        out: list[MessageRecord] = []
+        if view is None:
+            out = [describe(m) for m in raws]
+        else:
+            vb, vraws, vrecs = view.base, view.raws, view.records
+            vn = len(vraws)
+            for i, m in enumerate(raws, lo):
+                j = i - vb
+                out.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
+        self._views[conversation_id] = _View(lo, raws, out)
+        return out, lo
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+    ) -> Window[T]:
+        """Plan the window, deliver newly demoted messages, commit, return the window."""
+        return _drive_sync(self._flow(conversation_id, messages, describe))
+
+    async def aload(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+    ) -> Window[T]:
+        """Async :meth:`load`: the hook is awaited (a sync hook runs in a thread)."""
+        return await _drive_async(self._flow(conversation_id, messages, describe))
+
+    def _flow(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+    ) -> _Flow[Window[T]]:
+        cid = validate_conversation_id(conversation_id)
+        token = object()
+        with self._lock:
+            epoch = self._epochs.get(cid, 0)
+            holder = cid not in self._gates
+            if holder:
+                self._gates[cid] = token
+        try:
+            stored = self.state.get(cid)
+            state = stored or ConversationState()
+            records, base = self._records(cid, messages, needed_from(state), describe)
+            p = plan(self.policy, state, records, base=base)
+            resynced = False
+            if p.rewritten:
+                logger.warning(
+                    "demote: history of conversation %r no longer matches its demotion "
+                    "state (%d messages, window started at %d); re-syncing",
+                    cid,
+                    len(messages),
+                    state.window_start,
+                )
+                state = ConversationState(generation=state.generation + 1)
+                records, base = self._records(cid, messages, 0, describe)
+                p = plan(self.policy, state, records, base=0)
+                resynced = True
+            new_state = self._advance(state, p, records, base)
+            if not holder:
+                return self._window(cid, messages, p.pinned, p.window_start, state.summary)
+            demoted = 0
+            batch = self._batch(cid, messages, records, base, p, resynced)
+            if batch.messages:
+                try:
+                    yield _Deliver(self.hook, batch, self.hook_timeout)
+                except Exception as exc:
+                    if self.on_hook_error == "raise":
+                        if isinstance(exc, HookError):
+                            raise
+                        raise HookError(f"hook failed for conversation {cid!r}: {exc}") from exc
+                    logger.warning(
+                        "demote: hook failed for conversation %r (%d messages kept in the "
+                        "window, retried on the next load): %r",
+                        cid,
+                        len(batch.messages),
+                        exc,
+                    )
+                    start = max(state.window_start, p.pinned)
+                    return self._window(cid, messages, p.pinned, start, state.summary)
+                demoted = len(batch.messages)
+            if new_state != (stored or ConversationState()):
+                self._commit(cid, epoch, stored, new_state)
+            return self._window(cid, messages, p.pinned, p.window_start, new_state.summary, demoted)
+        finally:
+            with self._lock:
+                if self._gates.get(cid) is token:
+                    del self._gates[cid]
+
+    def _advance(
+        self, state: ConversationState, p: Plan, records: list[MessageRecord], base: int
+    ) -> ConversationState:
+        anchor = (
+            records[p.window_start - 1 - base].fingerprint if p.window_start > p.pinned else None
+        )
+        return replace(
+            state,
+            window_start=p.window_start,
+            delivered=max(state.delivered, p.window_start),
+            pinned=p.pinned,
+            anchor=anchor,
+        )
+
+    def _batch(
+        self,
+        cid: str,
+        messages: Sequence[Any],
+        records: list[MessageRecord],
+        base: int,
+        p: Plan,
+        skip_known: bool,
+    ) -> Demotion:
+        out = []
+        for i in p.deliver:
+            rec = records[i - base]
+            key = make_key(cid, i, rec.fingerprint)
+            out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
+        if skip_known and out:
+            probe = getattr(self.hook, "has_keys", None)
+            if probe is not None:
+                known = set(probe(cid, [m.key for m in out]))
+                out = [m for m in out if m.key not in known]
+        return Demotion(cid, tuple(out))
+
+    def _commit(
+        self,
+        cid: str,
+        epoch: int,
+        stored: ConversationState | None,
+        new: ConversationState,
+    ) -> bool:
+        with self._lock:
+            if self._epochs.get(cid, 0) != epoch:
+                logger.info("demote: discarding a stale commit for cleared conversation %r", cid)
+                return False
+            ok = self.state.compare_and_set(cid, stored, new)
+        if not ok:
+            logger.info("demote: conversation %r was advanced elsewhere; keeping theirs", cid)
+        return ok
+
+    @staticmethod
+    def _window(
+        cid: str,
+        messages: Sequence[T],
+        pinned: int,
+        start: int,
+        summary: str | None,
+        demoted: int = 0,
+    ) -> Window[T]:
+        n = len(messages)
+        start = min(start, n)
+        return Window(
+            cid, list(messages[:pinned]), summary, list(messages[start:]), start, n, demoted
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def clear(self, conversation_id: str) -> None:
+        """Reset the conversation's state (adapters call this when they clear history).
+
+        A delivery still in flight for it finishes but commits nothing.
+        """
+        cid = validate_conversation_id(conversation_id)
+        with self._lock:
+            self._epochs[cid] = self._epochs.get(cid, 0) + 1
+            self._gates.pop(cid, None)
+            self._views.pop(cid, None)
+            self.state.delete(cid)
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop everything tracked for the conversation (state, caches, reservation)."""
+        self.clear(conversation_id)
+        with self._lock:
+            self._epochs.pop(conversation_id, None)
+
+    def tracked_conversations(self) -> int:
+        """How many conversations have demotion state."""
+        return self.state.count()
+
+    def state_of(self, conversation_id: str) -> ConversationState:
+        """The committed state of a conversation (a fresh one if it has none)."""
+        cid = validate_conversation_id(conversation_id)
+        return self.state.get(cid) or ConversationState()

@@ -1,0 +1,124 @@
+"""Small built-in hooks: discard, call a function, or fan out to several hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from demote.errors import ConfigError
+from demote.records import Demotion
+from demote.sync import run_sync
+
+__all__ = ["CallbackHook", "FanOutHook", "NoopHook", "deliver_async", "deliver_sync"]
+
+
+class NoopHook:
+    """Accepts every batch and keeps nothing (a window-only memory, like trimming)."""
+
+    def deliver(self, batch: Demotion) -> None:
+        """Discard ``batch``."""
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """Discard ``batch``."""
+
+
+def deliver_sync(hook: object, batch: Demotion) -> None:
+    """Hand ``batch`` to ``hook`` from sync code (an async-only hook is run to completion)."""
+    deliver = getattr(hook, "deliver", None)
+    if deliver is not None:
+        deliver(batch)
+        return
+    adeliver = getattr(hook, "adeliver", None)
+    if adeliver is None:
+        raise ConfigError(f"hook {hook!r} has neither deliver() nor adeliver()")
+    run_sync(adeliver(batch))
+
+
+async def deliver_async(hook: object, batch: Demotion) -> None:
+    """Hand ``batch`` to ``hook`` from async code (a sync-only hook runs in a thread)."""
+    adeliver = getattr(hook, "adeliver", None)
+    if adeliver is not None:
+        await adeliver(batch)
+        return
+    deliver = getattr(hook, "deliver", None)
+    if deliver is None:
+        raise ConfigError(f"hook {hook!r} has neither deliver() nor adeliver()")
+    await asyncio.to_thread(deliver, batch)
+
+
+def check_hook(hook: object) -> None:
+    """Raise :class:`ConfigError` unless ``hook`` has ``deliver`` or ``adeliver``."""
+    if not callable(getattr(hook, "deliver", None)) and not callable(
+        getattr(hook, "adeliver", None)
+    ):
+        raise ConfigError(f"hook: {hook!r} has neither deliver() nor adeliver()")
+
+
+class CallbackHook:
+    """Calls ``fn(batch)`` for every batch; ``fn`` may be a plain or an async function.
+
+    A sync ``fn`` runs in a worker thread for async callers; an async ``fn`` is run to
+    completion for sync callers.
+    """
+
+    def __init__(self, fn: Callable[[Demotion], Any] | Callable[[Demotion], Awaitable[Any]]):
+        if not callable(fn):
+            raise ConfigError(f"fn: {fn!r} is not callable")
+        self.fn = fn
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - async callable objects too
+        )
+
+    def deliver(self, batch: Demotion) -> None:
+        """Call ``fn`` (to completion, if it is async)."""
+        result = self.fn(batch)
+        if inspect.isawaitable(result):
+            run_sync(result)
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """Await ``fn`` (a sync ``fn`` runs in a worker thread)."""
+        if self._is_async:
+            result = self.fn(batch)
+            if inspect.isawaitable(result):
+                await result
+        else:
+            await asyncio.to_thread(self.fn, batch)
+
+
+class FanOutHook:
+    """Delivers every batch to several hooks, in order; fails if any of them fails.
+
+    A failure stops the batch at that hook and is re-raised, so the watermark does not
+    advance and the whole batch is offered again: the hooks before it see it twice, which
+    is why built-in hooks are idempotent on the message key.
+    """
+
+    def __init__(self, *hooks: object) -> None:
+        if not hooks:
+            raise ConfigError("FanOutHook needs at least one hook")
+        for hook in hooks:
+            check_hook(hook)
+        self.hooks = hooks
+
+    def deliver(self, batch: Demotion) -> None:
+        """Deliver to each hook in turn."""
+        for hook in self.hooks:
+            deliver_sync(hook, batch)
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """Deliver to each hook in turn."""
+        for hook in self.hooks:
+            await deliver_async(hook, batch)
+
+    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        """Keys that every hook that can tell already holds (empty if none can tell)."""
+        known: set[str] | None = None
+        for hook in self.hooks:
+            probe = getattr(hook, "has_keys", None)
+            if probe is None:
+                return set()
+            held = set(probe(conversation_id, keys))
+            known = held if known is None else known & held
+        return known or set()

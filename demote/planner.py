@@ -1,0 +1,194 @@
+"""The pure planner: which messages stay in the active window, which are demoted.
+
+Theory of operation
+-------------------
+A conversation is a list of messages; positions are absolute and never reused. The
+durable :class:`~demote.records.ConversationState` says where the window starts
+(``window_start``), how far the hook has acknowledged demotions (``delivered``), and how
+many leading system messages are pinned. Each call to :func:`plan` looks only at the
+messages from ``needed_from(state)`` to the end: the tail of what was demoted, the current
+window and whatever was appended since. Nothing before that is read, so the cost of a call
+follows the window, not the history.
+
+Inside that range the planner cuts turn groups: a group starts at a user message, unless a
+tool call opened before that message is answered at or after it (then the message belongs
+to the running group, so a call and its results are never split, parallel calls included).
+The eviction strategy then moves the window start forward over whole groups:
+
+- ``PerItem``: while the window is over the limit, drop its oldest group.
+- ``Bulk(overflow)``: only when the window is over ``limit + overflow``, drop oldest groups
+  until it is within ``limit``. Between cuts the start stays put (a stable prompt prefix).
+- ``Compact(k)``: over ``limit + k``, mark the oldest groups worth at least ``k`` units as
+  pending compaction (the engine summarizes them); over ``limit + 2k``, fall back to bulk.
+
+The newest group is never dropped, so a single group larger than the limit stays whole.
+The window start never moves backwards; a history that no longer matches the state (shorter
+than the window start, or a different message just before it) is reported as rewritten
+and the caller re-plans from a fresh state.
+
+No I/O, no clocks, no locks: same input, same output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from demote.policy import Bulk, Compact, PerItem, SlidingWindow
+from demote.records import ConversationState, MessageRecord
+
+__all__ = ["Plan", "needed_from", "plan", "turn_groups"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's answer for one load.
+
+    Attributes:
+        pinned: Leading system messages kept in front of the window.
+        window_start: Where the window should start (absolute index).
+        end: Length of the history planned over.
+        deliver_from: First message not yet acknowledged by the hook; messages in
+            ``[deliver_from, window_start)`` are to be delivered.
+        compact: ``(lo, hi)`` range pending compaction, or ``None``.
+        size: The window's size in the policy's unit once ``window_start`` applies.
+        rewritten: The history no longer matches ``state``; nothing else is meaningful.
+    """
+
+    pinned: int
+    window_start: int
+    end: int
+    deliver_from: int
+    compact: tuple[int, int] | None = None
+    size: int = 0
+    rewritten: bool = False
+
+    @property
+    def deliver(self) -> range:
+        """Absolute indexes of the messages to hand to the hook."""
+        return range(self.deliver_from, self.window_start)
+
+
+def needed_from(state: ConversationState) -> int:
+    """First absolute index :func:`plan` reads for ``state`` (before it, nothing)."""
+    if state.window_start <= state.pinned:
+        return 0
+    return min(state.delivered, state.window_start - 1)
+
+
+def turn_groups(records: Sequence[MessageRecord], lo: int = 0) -> list[int]:
+    """Start offsets of the turn groups in ``records[lo:]`` (the first is always ``lo``).
+
+    A user message starts a group unless a tool call opened earlier in the range is
+    answered at or after it.
+    """
+    answered_at: dict[str, int] = {}
+    for i in range(lo, len(records)):
+        answers = records[i].answers
+        if answers is not None:
+            answered_at[answers] = i
+    starts = [lo]
+    reach = -1  # furthest answer of any call opened so far
+    for i in range(lo, len(records)):
+        rec = records[i]
+        if rec.role == "user" and i > lo and reach < i:
+            starts.append(i)
+        for call_id in rec.opens:
+            at = answered_at.get(call_id, -1)
+            if at > reach:
+                reach = at
+    return starts
+
+
+def _unit_sizes(
+    records: Sequence[MessageRecord], starts: list[int], policy: SlidingWindow
+) -> list[int]:
+    ends = [*starts[1:], len(records)]
+    if policy.unit == "turns":
+        return [1] * len(starts)
+    if policy.unit == "messages":
+        return [e - s for s, e in zip(starts, ends, strict=True)]
+    return [sum(r.tokens for r in records[s:e]) for s, e in zip(starts, ends, strict=True)]
+
+
+def _evict_to(limit: int, sizes: list[int], total: int) -> tuple[int, int]:
+    """Drop oldest groups until ``total <= limit``, keeping the newest; (groups, total)."""
+    dropped = 0
+    while total > limit and dropped < len(sizes) - 1:
+        total -= sizes[dropped]
+        dropped += 1
+    return dropped, total
+
+
+def plan(
+    policy: SlidingWindow,
+    state: ConversationState,
+    records: Sequence[MessageRecord],
+    *,
+    base: int = 0,
+) -> Plan:
+    """Plan the window for a history, from the previous state.
+
+    Args:
+        policy: The window policy.
+        state: The conversation's committed state.
+        records: Records of the messages from absolute index ``base`` to the end of the
+            history (``base`` must be ``<= needed_from(state)``).
+        base: Absolute index of ``records[0]``.
+
+    Returns:
+        The plan; ``plan.rewritten`` when the history does not match ``state``.
+    """
+    end = base + len(records)
+    if base > needed_from(state):
+        raise ValueError(f"records start at {base}, the plan needs {needed_from(state)}")
+
+    # 1. Pinned system messages: recounted until something has been demoted.
+    pinned = state.pinned
+    if state.window_start <= state.pinned:
+        pinned = 0
+        if policy.pin_system:
+            while pinned < end and records[pinned - base].role == "system":
+                pinned += 1
+    start = max(state.window_start, pinned)
+
+    # 2. Does the history still match the state?
+    if end < state.window_start or (
+        state.window_start > state.pinned
+        and records[state.window_start - 1 - base].fingerprint != state.anchor
+    ):
+        return Plan(pinned, start, end, state.delivered, rewritten=True)
+
+    # 3. Turn groups of the window region and the strategy's cut.
+    local = records[start - base :] if base != start else records
+    starts = turn_groups(local)
+    sizes = _unit_sizes(local, starts, policy) if local else []
+    total = sum(sizes)
+    eviction = policy.eviction
+    dropped = 0
+    compact: tuple[int, int] | None = None
+    if isinstance(eviction, PerItem):
+        dropped, total = _evict_to(policy.limit, sizes, total)
+    elif isinstance(eviction, Bulk):
+        if total > policy.limit + eviction.overflow:
+            dropped, total = _evict_to(policy.limit, sizes, total)
+    elif isinstance(eviction, Compact):
+        k = eviction.compact_count
+        if total > policy.limit + 2 * k:
+            dropped, total = _evict_to(policy.limit, sizes, total)
+        elif total > policy.limit + k:
+            covered, groups = 0, 0
+            while covered < k and groups < len(sizes) - 1:
+                covered += sizes[groups]
+                groups += 1
+            if groups:
+                compact = (start, start + starts[groups])
+    new_start = start + starts[dropped] if dropped else start
+    return Plan(
+        pinned=pinned,
+        window_start=new_start,
+        end=end,
+        deliver_from=max(state.delivered, pinned),
+        compact=compact,
+        size=total,
+    )
