@@ -51,7 +51,15 @@ from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.tokens import TokenCache
 
-__all__ = ["Demoter", "Window"]
+__all__ = ["SUMMARY_PREFIX", "Demoter", "Window", "render_summary"]
+
+#: How adapters introduce the running summary to the model (one system message).
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+
+def render_summary(summary: str) -> str:
+    """The text of the one system message that carries the running summary."""
+    return SUMMARY_PREFIX + summary
 
 logger = logging.getLogger("demote")
 

@@ -1,0 +1,43 @@
+"""Test-wide settings: nothing reaches the network, no telemetry, no tracing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+# Set before any test module imports mem0 or langchain (they read these at import time).
+os.environ["MEM0_TELEMETRY"] = "False"
+os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="demote-mem0-"))
+os.environ["LANGSMITH_TRACING"] = "false"
+os.environ["LANGCHAIN_TRACING_V2"] = "false"
+os.environ["ANONYMIZED_TELEMETRY"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "MEM0_API_KEY", "LANGSMITH_API_KEY"):
+    os.environ.pop(key, None)
+
+_real_connect = socket.socket.connect
+
+
+def _is_local(address: Any) -> bool:
+    if isinstance(address, tuple) and address:
+        host = str(address[0])
+        return host in ("localhost", "::1") or host.startswith("127.")
+    return True  # unix sockets
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> Any:
+    if not _is_local(address):
+        raise ConnectionRefusedError(f"test tried to reach the network: {address!r}")
+    return _real_connect(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Any connection to a non-loopback address fails the calling code at once."""
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    yield
