@@ -1,0 +1,147 @@
+"""What a Recorder item is: blank or not, its dedup key, and its durable form.
+
+Items are :class:`~demote.records.Demotion` batches, :class:`~demote.records.CapturedTurn`
+records, or any JSON-serialisable value. These functions are pure (no I/O), shared by the
+thread and asyncio Recorders and by the outbox.
+
+Durable form (one JSON object per item, ``"v": 1``):
+
+* ``Demotion``: conversation id and, per message, role, text, index and key.
+  ``DemotedMessage.raw`` (the framework's own message object) is **not** persisted: an
+  item read back from an outbox has ``raw=None``. Sinks that need the framework object
+  must cope with its absence (the built-in hooks only read role, text, index and key).
+* ``CapturedTurn``: all five fields.
+* anything else: stored as strict JSON (no NaN or infinity). It comes back as JSON does:
+  tuples as lists, non-string dict keys as strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from demote.errors import ConfigError, StoreError
+from demote.records import ROLES, CapturedTurn, DemotedMessage, Demotion
+
+__all__ = ["decode", "dedup_key", "encode", "is_blank"]
+
+_VERSION = 1
+
+
+def is_blank(item: object) -> bool:
+    """Whether ``item`` carries nothing worth delivering.
+
+    Blank: ``None``, a blank ``str``, a ``Demotion`` without messages, a ``CapturedTurn``
+    whose text is blank. Everything else (including empty lists and dicts) is content.
+    """
+    if item is None:
+        return True
+    if isinstance(item, str):
+        return not item.strip()
+    if isinstance(item, Demotion):
+        return not item.messages
+    if isinstance(item, CapturedTurn):
+        return not item.text.strip()
+    return False
+
+
+def dedup_key(item: object, key: str | None = None) -> str:
+    """The key a sink can use to drop repeats of ``item`` (delivery is at-least-once).
+
+    Args:
+        item: The item.
+        key: A caller-provided key; wins for plain values, ignored for records.
+
+    Returns:
+        For a ``Demotion``, a hash of its conversation id and message keys (the same in
+        every process); for a ``CapturedTurn``, its ``key``; otherwise ``key`` or, if none
+        was given, a fresh uuid4 hex (unique, so it only deduplicates outbox re-deliveries).
+    """
+    if isinstance(item, Demotion):
+        h = hashlib.blake2b(digest_size=16)
+        h.update(item.conversation_id.encode("utf-8", "surrogatepass"))
+        for message in item.messages:
+            h.update(b"\x00")
+            h.update(message.key.encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+    if isinstance(item, CapturedTurn):
+        return item.key
+    if key is not None:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"key must be a non-empty str, got {key!r}")
+        return key
+    return uuid.uuid4().hex
+
+
+def encode(item: object) -> str:
+    """Serialise ``item`` for the outbox.
+
+    Raises:
+        ConfigError: ``item`` is not a record and not strict JSON.
+    """
+    doc: dict[str, Any]
+    if isinstance(item, Demotion):
+        doc = {
+            "kind": "demotion",
+            "conversation_id": item.conversation_id,
+            "messages": [[m.role, m.text, m.index, m.key] for m in item.messages],
+        }
+    elif isinstance(item, CapturedTurn):
+        doc = {
+            "kind": "turn",
+            "conversation_id": item.conversation_id,
+            "role": item.role,
+            "text": item.text,
+            "index": item.index,
+            "key": item.key,
+        }
+    else:
+        doc = {"kind": "json", "value": item}
+    doc["v"] = _VERSION
+    try:
+        return json.dumps(doc, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"an outbox item must be a Demotion, a CapturedTurn or strict JSON; "
+            f"cannot serialise {type(item).__name__}: {exc}"
+        ) from exc
+
+
+def decode(payload: str) -> Any:
+    """Read back an item written by :func:`encode`.
+
+    Raises:
+        StoreError: The payload is not one :func:`encode` wrote (a corrupt outbox row).
+    """
+    try:
+        doc = json.loads(payload)
+        kind = doc["kind"]
+        if doc.get("v") != _VERSION:
+            raise ValueError(f"unknown payload version {doc.get('v')!r}")
+        if kind == "json":
+            return doc["value"]
+        if kind == "turn":
+            return CapturedTurn(
+                conversation_id=str(doc["conversation_id"]),
+                role=_role(doc["role"]),
+                text=str(doc["text"]),
+                index=int(doc["index"]),
+                key=str(doc["key"]),
+            )
+        if kind == "demotion":
+            messages = tuple(
+                DemotedMessage(role=_role(role), text=str(text), index=int(index), key=str(key))
+                for role, text, index, key in doc["messages"]
+            )
+            return Demotion(conversation_id=str(doc["conversation_id"]), messages=messages)
+        raise ValueError(f"unknown payload kind {kind!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"cannot read outbox payload: {exc}") from exc
+
+
+def _role(value: object) -> Any:
+    if value not in ROLES:
+        raise ValueError(f"unknown role {value!r}")
+    return value

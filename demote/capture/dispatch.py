@@ -1,0 +1,235 @@
+"""The Recorder's decisions, written once for the thread and the asyncio worker.
+
+:class:`Dispatcher` is sans-I/O: no threads, no locks, no clocks (``now`` is passed in),
+no sink and no SQLite. A driver (a thread in :class:`~demote.capture.Recorder`, an asyncio
+task in :class:`~demote.capture.AsyncRecorder`) loops::
+
+    step = dispatcher.next_step(now)
+    Wait(timeout)  -> block on its queue up to ``timeout``; hand what arrives to receive()
+    Deliver(env)   -> call the sink; hand the outcome to settle() and act on the Decision
+    None           -> stop
+
+The dispatcher keeps the order (items ready in arrival order, due retries first), the
+backoff schedule, the stop rule (STOP drains what was queued before it; retries still
+waiting stay in the outbox) and the counters behind :class:`RecorderStats`.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from demote.errors import ConfigError
+
+__all__ = [
+    "STOP",
+    "Decision",
+    "Deliver",
+    "Dispatcher",
+    "Envelope",
+    "RecorderStats",
+    "RetryPolicy",
+    "Verdict",
+    "Wait",
+]
+
+
+class _Stop:
+    """Type of the :data:`STOP` sentinel."""
+
+    def __repr__(self) -> str:
+        return "STOP"
+
+
+STOP: Final = _Stop()
+"""Pushed by ``close`` behind everything queued before it (pikuri's sentinel)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How an outbox retries a failed item: exponential backoff, then the dead letters.
+
+    Attributes:
+        max_attempts: Deliveries tried before the item is dead-lettered (>= 1).
+        base_delay: Seconds before the first retry; doubled after every failure.
+        max_delay: Upper bound on one backoff delay, in seconds.
+    """
+
+    max_attempts: int = 5
+    base_delay: float = 0.5
+    max_delay: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.base_delay < 0 or self.max_delay < self.base_delay:
+            raise ConfigError(
+                f"need 0 <= base_delay <= max_delay, got {self.base_delay}, {self.max_delay}"
+            )
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failed attempt (1-based)."""
+        return float(min(self.max_delay, self.base_delay * 2 ** max(0, failures - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One queued item with its bookkeeping.
+
+    Attributes:
+        key: Dedup key (see :func:`~demote.capture.codec.dedup_key`).
+        item: The item as the sink will receive it.
+        row: Outbox row id, or ``None`` without an outbox.
+        attempts: Failed deliveries so far.
+    """
+
+    key: str
+    item: Any
+    row: int | None = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderStats:
+    """Counters of one Recorder.
+
+    ``queued == delivered + failed + (still queued or in flight) + abandoned`` once closed.
+
+    Attributes:
+        queued: Items accepted (including outbox leftovers from a previous process).
+        delivered: Items the sink accepted.
+        failed: Items given up on (dropped without an outbox, dead-lettered with one).
+        dropped: Enqueues ignored: blank content, or after close.
+        retried: Failed attempts that were scheduled for another try (outbox only).
+        abandoned: Items not finished when close gave up (lost without an outbox, left in
+            it with one).
+    """
+
+    queued: int = 0
+    delivered: int = 0
+    failed: int = 0
+    dropped: int = 0
+    retried: int = 0
+    abandoned: int = 0
+
+
+class Verdict(enum.Enum):
+    """What to do with an item after one delivery attempt."""
+
+    ACK = "ack"  # delivered: forget it (delete the outbox row)
+    RETRY = "retry"  # failed, attempts left: keep it, try again after a backoff
+    BURY = "bury"  # failed for the last time: move it to the dead letters
+    DROP = "drop"  # failed, no outbox: count it failed and forget it
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of :meth:`Dispatcher.settle`, for the driver to act on."""
+
+    verdict: Verdict
+    envelope: Envelope
+    error: str | None = None
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Step: give this envelope's item to the sink."""
+
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Step: block on the queue for up to ``timeout`` seconds (``None``: no limit)."""
+
+    timeout: float | None
+
+
+class Dispatcher:
+    """Per-item decisions of a Recorder, free of I/O.
+
+    Args:
+        retry: The retry policy when items are durable (an outbox); ``None`` means a failed
+            item is dropped.
+    """
+
+    def __init__(self, retry: RetryPolicy | None = None) -> None:
+        self._retry = retry
+        self._ready: deque[Envelope] = deque()
+        self._later: list[tuple[float, int, Envelope]] = []
+        self._tiebreak = itertools.count()
+        self._stopping = False
+        self._abandoned = False
+        self._stats = RecorderStats()
+
+    @property
+    def stats(self) -> RecorderStats:
+        """A snapshot of the counters."""
+        return self._stats
+
+    @property
+    def unfinished(self) -> int:
+        """Items accepted but neither delivered nor given up (in flight included)."""
+        s = self._stats
+        return s.queued - s.delivered - s.failed
+
+    def accepted(self) -> None:
+        """Count an item accepted for delivery (it is on its way to :meth:`receive`)."""
+        self._stats = replace(self._stats, queued=self._stats.queued + 1)
+
+    def dropped(self) -> None:
+        """Count an ignored enqueue (blank, or after close)."""
+        self._stats = replace(self._stats, dropped=self._stats.dropped + 1)
+
+    def receive(self, message: Envelope | _Stop) -> None:
+        """Take what the driver's queue produced: an envelope, or :data:`STOP`."""
+        if isinstance(message, _Stop):
+            self._stopping = True
+        else:
+            self._ready.append(message)
+
+    def next_step(self, now: float) -> Deliver | Wait | None:
+        """What the driver does next; ``None`` means the worker is done."""
+        if self._abandoned:
+            return None
+        if self._later and self._later[0][0] <= now:
+            return Deliver(heapq.heappop(self._later)[2])
+        if self._ready:
+            return Deliver(self._ready.popleft())
+        if self._stopping:
+            # Everything queued before STOP is done; retries still in backoff are durable
+            # (only an outbox retries) and the next start delivers them.
+            return None
+        return Wait(self._later[0][0] - now if self._later else None)
+
+    def settle(self, envelope: Envelope, error: BaseException | None, now: float) -> Decision:
+        """Record the outcome of one delivery attempt and say what to do about it."""
+        s = self._stats
+        if error is None:
+            self._stats = replace(s, delivered=s.delivered + 1)
+            return Decision(Verdict.ACK, envelope)
+        reason = f"{type(error).__name__}: {error}"
+        if self._retry is None:
+            self._stats = replace(s, failed=s.failed + 1)
+            return Decision(Verdict.DROP, envelope, reason)
+        failed = replace(envelope, attempts=envelope.attempts + 1)
+        if failed.attempts >= self._retry.max_attempts:
+            self._stats = replace(s, failed=s.failed + 1)
+            return Decision(Verdict.BURY, failed, reason)
+        delay = self._retry.delay(failed.attempts)
+        heapq.heappush(self._later, (now + delay, next(self._tiebreak), failed))
+        self._stats = replace(s, retried=s.retried + 1)
+        return Decision(Verdict.RETRY, failed, reason, delay)
+
+    def abandon(self) -> int:
+        """Stop after the item in flight; returns (and counts) the unfinished items."""
+        if not self._abandoned:
+            self._abandoned = True
+        left = self.unfinished
+        self._stats = replace(self._stats, abandoned=left)
+        return left
