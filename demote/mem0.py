@@ -238,7 +238,8 @@ class Mem0Recall:
         threshold: Minimum mem0 score (``None``: mem0's default, 0.1 in mem0 2.x).
 
     A memory mem0 extracted (rather than stored verbatim) comes back with role
-    ``"memory"`` and index ``-1``.
+    ``"memory"``; its index and key are the captured turn's, or ``-1`` and mem0's memory id
+    for a batch the hook sent with ``infer=True``.
     """
 
     def __init__(
@@ -561,14 +562,13 @@ class _KnownKeys:
 
     def unknown(self, cid: str, messages: list[DemotedMessage]) -> list[DemotedMessage]:
         """``messages`` whose keys are not known, each key once."""
+        fresh: dict[str, DemotedMessage] = {}
         with self._lock:
-            known = set(self._get(cid))
-        fresh = []
-        for m in messages:
-            if m.key not in known:
-                known.add(m.key)
-                fresh.append(m)
-        return fresh
+            known = self._get(cid)
+            for m in messages:
+                if m.key not in known:
+                    fresh.setdefault(m.key, m)
+        return list(fresh.values())
 
     def add(self, cid: str, keys: Iterable[str]) -> None:
         with self._lock:
