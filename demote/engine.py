@@ -31,14 +31,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Generator, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar
 
-from demote.errors import ConfigError, HookError, HookTimeout
-from demote.hooks.simple import NoopHook, check_hook, deliver_async, deliver_sync
+from demote._flow import Deliver, Flow, Sleep, Spawn, Summarize, drive_async, drive_sync
+from demote.errors import ConfigError, HookError
+from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
-from demote.policy import SlidingWindow
+from demote.policy import Compact, SlidingWindow
 from demote.records import (
     ConversationState,
     DemotedMessage,
@@ -49,6 +51,7 @@ from demote.records import (
 )
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
+from demote.summarize import check_summarizer
 from demote.tokens import TokenCache
 
 __all__ = ["SUMMARY_PREFIX", "Demoter", "Window", "render_summary"]
@@ -61,7 +64,12 @@ def render_summary(summary: str) -> str:
     """The text of the one system message that carries the running summary."""
     return SUMMARY_PREFIX + summary
 
+
 logger = logging.getLogger("demote")
+
+# A finished summary waits this long, at most, for a delivery in flight to end.
+_GATE_POLLS = 200
+_GATE_POLL_SECONDS = 0.02
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -94,66 +102,6 @@ class Window(Generic[T]):
 
 
 @dataclass(slots=True)
-class _Deliver:
-    """The one I/O operation of a load: hand a batch to the hook."""
-
-    hook: object
-    batch: Demotion
-    timeout: float | None
-
-    def run_sync(self) -> None:
-        deliver_sync(self.hook, self.batch)
-
-    async def run_async(self) -> None:
-        if self.timeout is None:
-            await deliver_async(self.hook, self.batch)
-            return
-        try:
-            await asyncio.wait_for(deliver_async(self.hook, self.batch), self.timeout)
-        except TimeoutError as exc:
-            raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
-
-
-_Flow = Generator[_Deliver, None, R]
-
-
-def _drive_sync(flow: _Flow[R]) -> R:
-    """Run a flow, performing each yielded operation with blocking calls."""
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else next(flow)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            op.run_sync()
-            error = None
-        except Exception as exc:  # handed back to the flow, which decides
-            error = exc
-        except BaseException:
-            flow.close()
-            raise
-
-
-async def _drive_async(flow: _Flow[R]) -> R:
-    """Run a flow, awaiting each yielded operation (cancellation closes the flow)."""
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else next(flow)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            await op.run_async()
-            error = None
-        except Exception as exc:
-            error = exc
-        except BaseException:
-            flow.close()
-            raise
-
-
-@dataclass(slots=True)
 class _View:
     """Records of one conversation's recent messages, cached by message identity."""
 
@@ -178,6 +126,9 @@ class Demoter:
             Either way the watermark stays and the next load retries.
         hook_timeout: Seconds an async load waits for the hook before giving up
             (:class:`~demote.errors.HookTimeout`); ``None`` waits forever.
+        summarizer: Folds the groups a ``Compact`` policy marks into a running summary,
+            off the hot path (see :mod:`demote.summarize`). Without one, ``Compact``
+            behaves as bulk eviction at ``limit + 2 * compact_count``.
     """
 
     def __init__(
@@ -188,6 +139,7 @@ class Demoter:
         state: StateStore | None = None,
         on_hook_error: Literal["log", "raise"] = "log",
         hook_timeout: float | None = None,
+        summarizer: object | None = None,
     ) -> None:
         if not isinstance(policy, SlidingWindow):
             raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
@@ -201,9 +153,15 @@ class Demoter:
         self.state: StateStore = InMemoryStateStore() if state is None else state
         self.on_hook_error = on_hook_error
         self.hook_timeout = hook_timeout
+        if summarizer is not None:
+            check_summarizer(summarizer)
+        self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
+        self._background: set[Any] = set()
+        self._background_lock = threading.Lock()
         self._lock = threading.Lock()
         self._gates: dict[str, object] = {}
+        self._compacting: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
         self._views: dict[str, _View] = {}
 
@@ -250,7 +208,7 @@ class Demoter:
         describe: Callable[[T], MessageRecord],
     ) -> Window[T]:
         """Plan the window, deliver newly demoted messages, commit, return the window."""
-        return _drive_sync(self._flow(conversation_id, messages, describe))
+        return drive_sync(self._flow(conversation_id, messages, describe))
 
     async def aload(
         self,
@@ -259,14 +217,14 @@ class Demoter:
         describe: Callable[[T], MessageRecord],
     ) -> Window[T]:
         """Async :meth:`load`: the hook is awaited (a sync hook runs in a thread)."""
-        return await _drive_async(self._flow(conversation_id, messages, describe))
+        return await drive_async(self._flow(conversation_id, messages, describe))
 
     def _flow(
         self,
         conversation_id: str,
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
-    ) -> _Flow[Window[T]]:
+    ) -> Flow[Window[T]]:
         cid = validate_conversation_id(conversation_id)
         token = object()
         with self._lock:
@@ -293,35 +251,136 @@ class Demoter:
                 p = plan(self.policy, state, records, base=0)
                 resynced = True
             new_state = self._advance(state, p, records, base)
-            if not holder:
-                return self._window(cid, messages, p.pinned, p.window_start, state.summary)
+            if not holder:  # another caller is delivering: the committed window, at once
+                start = max(state.window_start, p.pinned)
+                return self._window(cid, messages, p.pinned, start, state.summary)
+            compacting = self.summarizer is not None and isinstance(self.policy.eviction, Compact)
+            if compacting and p.window_start > max(state.window_start, p.pinned):
+                logger.warning(
+                    "demote: conversation %r reached limit + 2 x compact_count with no "
+                    "summary; falling back to bulk eviction (messages go to the hook)",
+                    cid,
+                )
             demoted = 0
-            batch = self._batch(cid, messages, records, base, p, resynced)
+            batch = self._batch(cid, messages, records, base, p.deliver, skip_known=resynced)
             if batch.messages:
                 try:
-                    yield _Deliver(self.hook, batch, self.hook_timeout)
+                    yield Deliver(self.hook, batch, self.hook_timeout)
                 except Exception as exc:
-                    if self.on_hook_error == "raise":
-                        if isinstance(exc, HookError):
-                            raise
-                        raise HookError(f"hook failed for conversation {cid!r}: {exc}") from exc
-                    logger.warning(
-                        "demote: hook failed for conversation %r (%d messages kept in the "
-                        "window, retried on the next load): %r",
-                        cid,
-                        len(batch.messages),
-                        exc,
-                    )
+                    self._hook_failed(cid, batch, exc)
                     start = max(state.window_start, p.pinned)
                     return self._window(cid, messages, p.pinned, start, state.summary)
                 demoted = len(batch.messages)
-            if new_state != (stored or ConversationState()):
-                self._commit(cid, epoch, stored, new_state)
+            changed = new_state != (stored or ConversationState())
+            if changed and not self._commit(cid, epoch, stored, new_state):
+                return self._window(
+                    cid, messages, p.pinned, p.window_start, new_state.summary, demoted
+                )
+            if p.compact is not None and self.summarizer is not None:
+                job_token = object()
+                with self._lock:
+                    idle = cid not in self._compacting
+                    if idle:
+                        self._compacting[cid] = job_token
+                if idle:
+                    job = self._compact(
+                        cid, job_token, epoch, new_state, records, base, p, messages
+                    )
+                    try:
+                        yield Spawn(job, self._background, self._background_lock)
+                    except Exception:
+                        self._release(self._compacting, cid, job_token)
+                        raise
             return self._window(cid, messages, p.pinned, p.window_start, new_state.summary, demoted)
         finally:
-            with self._lock:
-                if self._gates.get(cid) is token:
-                    del self._gates[cid]
+            self._release(self._gates, cid, token)
+
+    def _compact(
+        self,
+        cid: str,
+        token: object,
+        epoch: int,
+        state: ConversationState,
+        records: list[MessageRecord],
+        base: int,
+        p: Plan,
+        messages: Sequence[Any],
+    ) -> Flow[None]:
+        """Background job: summarize the pending groups, then commit and deliver them.
+
+        Summarizing holds only the conversation's compaction slot (one summary at a time),
+        so loads keep delivering meanwhile and the bulk fallback stays possible. Committing
+        and delivering take the in-flight gate like a load does; if the state moved on
+        while the summary was written, the summary is discarded and a later load retries.
+        """
+        assert p.compact is not None
+        lo, hi = p.compact
+        gate = object()
+        holder = False
+        try:
+            try:
+                summary = yield Summarize(
+                    self.summarizer, state.summary, records[lo - base : hi - base]
+                )
+            except Exception as exc:
+                logger.warning(
+                    "demote: summarizer failed for conversation %r (retried on a later load): %r",
+                    cid,
+                    exc,
+                )
+                return
+            for _ in range(_GATE_POLLS):
+                with self._lock:
+                    holder = cid not in self._gates and self._epochs.get(cid, 0) == epoch
+                    if holder:
+                        self._gates[cid] = gate
+                if holder:
+                    break
+                yield Sleep(_GATE_POLL_SECONDS)
+            if not holder:
+                logger.info("demote: summary for %r discarded (conversation busy)", cid)
+                return
+            compacted = replace(
+                state,
+                summary=summary,
+                summarized=hi,
+                window_start=hi,
+                anchor=records[hi - 1 - base].fingerprint,
+            )
+            if not self._commit(cid, epoch, state, compacted):
+                return
+            batch = self._batch(cid, messages, records, base, range(state.delivered, hi))
+            if batch.messages:
+                try:
+                    yield Deliver(self.hook, batch, self.hook_timeout)
+                except Exception as exc:  # covered by the summary; next load retries
+                    self._hook_failed(cid, batch, exc, reraise=False)
+                    return
+            self._commit(cid, epoch, compacted, replace(compacted, delivered=hi))
+        finally:
+            if holder:
+                self._release(self._gates, cid, gate)
+            self._release(self._compacting, cid, token)
+
+    def _release(self, slots: dict[str, object], cid: str, token: object) -> None:
+        with self._lock:
+            if slots.get(cid) is token:
+                del slots[cid]
+
+    def _hook_failed(
+        self, cid: str, batch: Demotion, exc: Exception, *, reraise: bool = True
+    ) -> None:
+        if reraise and self.on_hook_error == "raise":
+            if isinstance(exc, HookError):
+                raise exc
+            raise HookError(f"hook failed for conversation {cid!r}: {exc}") from exc
+        logger.warning(
+            "demote: hook failed for conversation %r (%d messages not yet delivered, "
+            "retried on the next load): %r",
+            cid,
+            len(batch.messages),
+            exc,
+        )
 
     def _advance(
         self, state: ConversationState, p: Plan, records: list[MessageRecord], base: int
@@ -343,11 +402,12 @@ class Demoter:
         messages: Sequence[Any],
         records: list[MessageRecord],
         base: int,
-        p: Plan,
-        skip_known: bool,
+        indexes: range,
+        *,
+        skip_known: bool = False,
     ) -> Demotion:
         out = []
-        for i in p.deliver:
+        for i in indexes:
             rec = records[i - base]
             key = make_key(cid, i, rec.fingerprint)
             out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
@@ -400,6 +460,7 @@ class Demoter:
         with self._lock:
             self._epochs[cid] = self._epochs.get(cid, 0) + 1
             self._gates.pop(cid, None)
+            self._compacting.pop(cid, None)
             self._views.pop(cid, None)
             self.state.delete(cid)
 
@@ -408,6 +469,38 @@ class Demoter:
         self.clear(conversation_id)
         with self._lock:
             self._epochs.pop(conversation_id, None)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for background work started by sync loads (summaries); ``True`` if idle.
+
+        Async loads run their background work as tasks: await :meth:`adrain` instead.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._background_lock:
+                threads = [t for t in self._background if isinstance(t, threading.Thread)]
+            if not threads:
+                return True
+            for thread in threads:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
+                if thread.is_alive():
+                    return False
+
+    async def adrain(self, timeout: float | None = None) -> bool:
+        """Await background tasks started by async loads (and threads of sync loads)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._background_lock:
+                tasks = [t for t in self._background if isinstance(t, asyncio.Task)]
+            if not tasks:
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            if pending:
+                return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await asyncio.to_thread(self.drain, left)
 
     def tracked_conversations(self) -> int:
         """How many conversations have demotion state."""
