@@ -435,7 +435,10 @@ async def test_async_methods_on_sync_memory(make_memory: Callable[..., Any]) -> 
     memory = make_memory()
     hook, recall = Mem0Hook(memory), Mem0Recall(memory)
     messages = conversation("chat-1")
-    await asyncio.gather(*(hook.adeliver(b) for b in batches("chat-1", messages)))
+    # One batch at a time, as the engine delivers a conversation. (Not gather: mem0's
+    # embedded qdrant is not thread-safe, and each adeliver runs in its own thread.)
+    for batch in batches("chat-1", messages):
+        await hook.adeliver(batch)
     assert len(stored(memory, "chat-1")) == len(storable(messages))
     found = await recall.asearch("chat-1", "what is my locker code")
     assert found[0].key == messages[2].key
