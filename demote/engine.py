@@ -257,8 +257,8 @@ class Demoter:
             compacting = self.summarizer is not None and isinstance(self.policy.eviction, Compact)
             if compacting and p.window_start > max(state.window_start, p.pinned):
                 logger.warning(
-                    "demote: conversation %r reached limit + 2 x compact_count with no "
-                    "summary; falling back to bulk eviction (messages go to the hook)",
+                    "demote: conversation %r reached limit + 2 x compact_count before "
+                    "a summary was ready; falling back to bulk eviction (messages go to the hook)",
                     cid,
                 )
             demoted = 0
