@@ -1,0 +1,253 @@
+"""``DemotingChatMessageHistory``: a bounded window over any LangChain chat history.
+
+The inner ``BaseChatMessageHistory`` keeps the full history; this wrapper answers reads
+with the active window (pinned system messages, the running summary, the kept messages)
+from :meth:`demote.Demoter.load`, which demotes what fell out of it to the demoter's hook.
+Writes and clears go to the inner store (clearing resets the demotion state too).
+
+``RunnableWithMessageHistory`` reads a history once at the start of a turn and, for list
+input without ``history_messages_key``, once more at the end, slicing its input by the
+length of the first read. So each instance remembers its last window, keyed on the inner
+store's length and last message: the window changes only when messages are added.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec
+
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.messages import BaseMessage, HumanMessage
+
+from demote.engine import Demoter, Window
+from demote.errors import ConfigError
+from demote.hooks.base import Capture
+from demote.records import CapturedTurn, MessageRecord, make_key
+from demote.state.base import validate_conversation_id
+from langchain_demote.messages import from_core, message_text, to_core
+
+__all__ = ["DemotingChatMessageHistory", "with_demotion"]
+
+P = ParamSpec("P")
+
+_Memo = tuple[int, str | None, list[BaseMessage]]
+
+
+class DemotingChatMessageHistory(BaseChatMessageHistory):
+    """A chat history whose ``messages`` are the active window of the conversation.
+
+    Example::
+
+        history = DemotingChatMessageHistory(
+            inner=InMemoryChatMessageHistory(), demoter=demoter, conversation_id="user-42"
+        )
+        history.add_messages([HumanMessage("hi"), AIMessage("hello")])
+        history.messages      # the window the model should see
+        history.all_messages  # everything, from the inner store
+
+    Args:
+        inner: Where the full history lives: any ``BaseChatMessageHistory`` (in memory,
+            file, SQL, Redis, ...).
+        demoter: The :class:`~demote.Demoter` (policy, hook, state); share one across
+            conversations.
+        conversation_id: The conversation's id (the session id).
+        capture: Optional :class:`~demote.hooks.base.Capture`: each new user message is
+            sent to it as a :class:`~demote.records.CapturedTurn` once it is stored.
+
+    Raises:
+        ConversationIdError: ``conversation_id`` is empty, not a string, or unusable.
+        ConfigError: ``inner``, ``demoter`` or ``capture`` is not what it should be.
+    """
+
+    def __init__(
+        self,
+        inner: BaseChatMessageHistory,
+        demoter: Demoter,
+        conversation_id: str,
+        *,
+        capture: Capture | None = None,
+    ) -> None:
+        super().__init__()
+        self.conversation_id = validate_conversation_id(conversation_id)
+        if not isinstance(inner, BaseChatMessageHistory):
+            raise ConfigError(f"inner: expected a BaseChatMessageHistory, got {inner!r}")
+        if not isinstance(demoter, Demoter):
+            raise ConfigError(f"demoter: expected a Demoter, got {demoter!r}")
+        if capture is not None and not callable(getattr(capture, "capture", None)):
+            raise ConfigError(f"capture: {capture!r} has no capture() method")
+        self.inner = inner
+        self.demoter = demoter
+        self.capture = capture
+        self._memo: _Memo | None = None
+        self._length: int | None = None  # inner store length, when known without a read
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The active window: pinned system messages, summary, kept messages."""
+        raw = self.inner.messages
+        hit = self._recall(raw)
+        if hit is not None:
+            return hit
+        return self._remember(raw, self.demoter.load(self.conversation_id, raw, self._describe))
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        """Async :attr:`messages`: awaits the inner store and the engine's async path."""
+        raw = await self.inner.aget_messages()
+        hit = self._recall(raw)
+        if hit is not None:
+            return hit
+        window = await self.demoter.aload(self.conversation_id, raw, self._describe)
+        return self._remember(raw, window)
+
+    @property
+    def all_messages(self) -> list[BaseMessage]:
+        """The full history, as the inner store holds it."""
+        return list(self.inner.messages)
+
+    async def aget_all_messages(self) -> list[BaseMessage]:
+        """Async :attr:`all_messages`."""
+        return list(await self.inner.aget_messages())
+
+    def _describe(self, message: BaseMessage) -> MessageRecord:
+        return to_core(message, self.demoter.describe)
+
+    def _tail_mark(self, raw: Sequence[BaseMessage]) -> str | None:
+        return self._describe(raw[-1]).fingerprint if raw else None
+
+    def _recall(self, raw: Sequence[BaseMessage]) -> list[BaseMessage] | None:
+        memo = self._memo
+        self._length = len(raw)
+        if memo is not None and memo[0] == len(raw) and memo[1] == self._tail_mark(raw):
+            return list(memo[2])
+        return None
+
+    def _remember(
+        self, raw: Sequence[BaseMessage], window: Window[BaseMessage]
+    ) -> list[BaseMessage]:
+        out = from_core(window)
+        self._memo = (len(raw), self._tail_mark(raw), out)
+        return list(out)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Append ``messages`` to the inner store (then capture the new user turns)."""
+        messages = list(messages)
+        base = self._base(messages)
+        if base is None and self._wants_capture(messages):
+            base = len(self.inner.messages)
+        self.inner.add_messages(messages)
+        self._after_add(messages, base)
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Async :meth:`add_messages`: awaits the inner store's ``aadd_messages``."""
+        messages = list(messages)
+        base = self._base(messages)
+        if base is None and self._wants_capture(messages):
+            base = len(await self.inner.aget_messages())
+        await self.inner.aadd_messages(messages)
+        self._after_add(messages, base)
+
+    def add_message(self, message: BaseMessage) -> None:
+        """Append one message (see :meth:`add_messages`)."""
+        self.add_messages([message])
+
+    def _wants_capture(self, messages: Sequence[BaseMessage]) -> bool:
+        return self.capture is not None and any(isinstance(m, HumanMessage) for m in messages)
+
+    def _base(self, messages: Sequence[BaseMessage]) -> int | None:
+        return self._length if self._wants_capture(messages) else None
+
+    def _after_add(self, messages: list[BaseMessage], base: int | None) -> None:
+        if self._length is not None:
+            self._length += len(messages)
+        if self.capture is None or base is None:
+            return
+        for i, message in enumerate(messages, base):
+            if isinstance(message, HumanMessage):
+                record = self._describe(message)
+                key = make_key(self.conversation_id, i, record.fingerprint)
+                self.capture.capture(
+                    CapturedTurn(self.conversation_id, "user", message_text(message), i, key)
+                )
+
+    # -- clearing -----------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Clear the inner store, then the conversation's demotion state."""
+        self.inner.clear()
+        self._reset()
+
+    async def aclear(self) -> None:
+        """Async :meth:`clear`: awaits the inner store's ``aclear``."""
+        await self.inner.aclear()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.demoter.clear(self.conversation_id)
+        self._memo = None
+        self._length = 0
+
+
+def _conversation_id(signature: inspect.Signature, args: Any, kwargs: Any) -> str:
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    if len(values) == 1:
+        (only,) = values.values()
+        if isinstance(only, str):
+            return only
+        return json.dumps(only, sort_keys=True, default=str)
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def with_demotion(
+    factory: Callable[P, BaseChatMessageHistory],
+    demoter: Demoter,
+    *,
+    capture: Capture | None = None,
+) -> Callable[P, DemotingChatMessageHistory]:
+    """Wrap a ``get_session_history`` factory so every history it makes is demoting.
+
+    The wrapper has the factory's signature (``RunnableWithMessageHistory`` inspects it).
+    The conversation id is the session id when the factory takes one string argument, or
+    the JSON of its sorted arguments otherwise (``history_factory_config`` with several
+    fields), so the same arguments always name the same conversation.
+
+    Example::
+
+        chain = RunnableWithMessageHistory(
+            runnable, with_demotion(get_session_history, demoter),
+            input_messages_key="question", history_messages_key="history",
+        )
+
+    Args:
+        factory: The existing ``get_session_history``.
+        demoter: The :class:`~demote.Demoter` all conversations share.
+        capture: Passed to every :class:`DemotingChatMessageHistory`.
+
+    Returns:
+        A factory with the same parameters that returns
+        :class:`DemotingChatMessageHistory` objects around the factory's histories.
+    """
+    if not callable(factory):
+        raise ConfigError(f"factory: {factory!r} is not callable")
+    if not isinstance(demoter, Demoter):
+        raise ConfigError(f"demoter: expected a Demoter, got {demoter!r}")
+    signature = inspect.signature(factory)
+
+    @functools.wraps(factory)
+    def get_session_history(*args: P.args, **kwargs: P.kwargs) -> DemotingChatMessageHistory:
+        cid = _conversation_id(signature, args, kwargs)
+        inner = factory(*args, **kwargs)
+        return DemotingChatMessageHistory(inner, demoter, cid, capture=capture)
+
+    get_session_history.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        return_annotation=DemotingChatMessageHistory
+    )
+    return get_session_history

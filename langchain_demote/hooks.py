@@ -1,0 +1,160 @@
+"""LangChain-specific ends of the long tail: a vector-store hook and an archive retriever.
+
+:class:`VectorStoreHook` writes demoted messages into any LangChain ``VectorStore`` as
+``Document`` objects whose ids are the messages' dedup keys, so a re-delivered batch
+overwrites what it wrote before instead of adding copies. :func:`archive_retriever` reads
+the long tail back as a ``BaseRetriever`` over anything with
+``search(conversation_id, query, k)`` (``SQLiteArchive``, ``Mem0Recall``), for chains such
+as ``RunnablePassthrough.assign(context=retriever)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import VectorStore
+from pydantic import ConfigDict
+
+from demote.errors import ConfigError
+from demote.hooks.base import Recall
+from demote.records import DemotedMessage, Demotion, Recalled
+from demote.state.base import validate_conversation_id
+
+__all__ = ["ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
+
+
+def _document(conversation_id: str, message: DemotedMessage) -> Document:
+    return Document(
+        page_content=message.text,
+        id=message.key,
+        metadata={
+            "conversation_id": conversation_id,
+            "index": message.index,
+            "role": message.role,
+            "key": message.key,
+        },
+    )
+
+
+class VectorStoreHook:
+    """A demotion hook that stores demoted messages in a LangChain vector store.
+
+    Each message becomes one ``Document`` (``page_content`` = its text; metadata:
+    ``conversation_id``, ``index``, ``role``, ``key``) stored under ``id = key``.
+
+    Example::
+
+        store = InMemoryVectorStore(embeddings)
+        demoter = Demoter(SlidingWindow.last_turns(10), VectorStoreHook(store))
+
+    Args:
+        vectorstore: Any ``VectorStore`` that honours ``ids`` in ``add_documents``.
+        skip_empty: Leave out messages with no text (tool-calling assistant messages),
+            which embed to nothing useful.
+    """
+
+    def __init__(self, vectorstore: VectorStore, *, skip_empty: bool = True) -> None:
+        if not isinstance(vectorstore, VectorStore):
+            raise ConfigError(f"vectorstore: expected a VectorStore, got {vectorstore!r}")
+        self.vectorstore = vectorstore
+        self.skip_empty = skip_empty
+
+    def _documents(self, batch: Demotion) -> list[Document]:
+        return [
+            _document(batch.conversation_id, m)
+            for m in batch.messages
+            if m.text.strip() or not self.skip_empty
+        ]
+
+    def deliver(self, batch: Demotion) -> None:
+        """Add the batch's messages to the vector store (ids = keys)."""
+        docs = self._documents(batch)
+        if docs:
+            self.vectorstore.add_documents(docs, ids=[d.metadata["key"] for d in docs])
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """Async :meth:`deliver` (``aadd_documents``)."""
+        docs = self._documents(batch)
+        if docs:
+            await self.vectorstore.aadd_documents(docs, ids=[d.metadata["key"] for d in docs])
+
+    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        """Keys already stored (empty when the store cannot look documents up by id)."""
+        try:
+            found = self.vectorstore.get_by_ids(keys)
+        except NotImplementedError:
+            return set()
+        return {
+            d.id
+            for d in found
+            if d.id is not None and d.metadata.get("conversation_id") == conversation_id
+        }
+
+
+class ArchiveRetriever(BaseRetriever):
+    """Recalls archived messages of one conversation as ``Document`` objects.
+
+    Each document's ``page_content`` is a recalled message's text; its metadata holds
+    ``conversation_id``, ``role``, ``index``, ``key`` and ``score``.
+
+    Attributes:
+        archive: Anything with ``search(conversation_id, query, k) -> list[Recalled]``.
+        conversation_id: The conversation to search.
+        k: How many messages to return at most.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    archive: Any
+    conversation_id: str
+    k: int = 5
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        hits: list[Recalled] = self.archive.search(self.conversation_id, query, self.k)
+        return [
+            Document(
+                page_content=hit.text,
+                metadata={
+                    "conversation_id": self.conversation_id,
+                    "role": hit.role,
+                    "index": hit.index,
+                    "key": hit.key,
+                    "score": hit.score,
+                },
+            )
+            for hit in hits
+        ]
+
+
+def archive_retriever(archive: Recall, conversation_id: str, k: int = 5) -> ArchiveRetriever:
+    """A LangChain retriever over the long tail of one conversation.
+
+    Example::
+
+        retriever = archive_retriever(SQLiteArchive("archive.db"), "user-42", k=3)
+        chain = RunnablePassthrough.assign(context=itemgetter("question") | retriever)
+
+    Args:
+        archive: Anything with ``search(conversation_id, query, k)``, e.g.
+            :class:`~demote.hooks.archive.SQLiteArchive`.
+        conversation_id: The conversation to search.
+        k: How many messages to return at most (>= 1).
+
+    Returns:
+        An :class:`ArchiveRetriever`.
+
+    Raises:
+        ConversationIdError: ``conversation_id`` is unusable.
+        ConfigError: ``archive`` has no ``search`` method, or ``k < 1``.
+    """
+    cid = validate_conversation_id(conversation_id)
+    if not callable(getattr(archive, "search", None)):
+        raise ConfigError(f"archive: {archive!r} has no search() method")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"k: must be an int >= 1, got {k!r}")
+    return ArchiveRetriever(archive=archive, conversation_id=cid, k=k)
