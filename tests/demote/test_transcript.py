@@ -1,0 +1,188 @@
+"""Transcript readers: JSONL, LangChain dicts (without LangChain), LoCoMo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from demote.errors import TranscriptError
+from demote.transcript import (
+    Question,
+    load_transcript,
+    parse_jsonl,
+    parse_locomo,
+    parse_messages,
+)
+
+LOCOMO = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo"
+
+TINY_LOCOMO = {
+    "speaker_a": "Ann",
+    "speaker_b": "Bob",
+    "session_2_date_time": "9 May",
+    "session_2": [{"speaker": "Bob", "dia_id": "D2:1", "text": "later"}],
+    "session_1_date_time": "8 May",
+    "session_1": [
+        {"speaker": "Ann", "dia_id": "D1:1", "text": "hi"},
+        {"speaker": "Bob", "dia_id": "D1:2", "text": "hello", "img_url": ["x"]},
+    ],
+    "qa": [
+        {"question": "q1", "answer": "a", "evidence": ["D1:2", "D2:1"], "category": 1},
+        {
+            "question": "q2",
+            "evidence": ["D1:1; D:2:1", "D9:9"],
+            "category": 5,
+            "adversarial_answer": "no",
+        },
+    ],
+}
+
+
+def test_jsonl_roles_and_aliases() -> None:
+    lines = [
+        '{"role": "system", "content": "be brief"}',
+        "",
+        '{"role": "human", "content": "hi"}',
+        '{"role": "AI", "content": "hello"}',
+        '{"role": "tool", "content": [{"type": "text", "text": "a"}, "b"]}',
+    ]
+    t = parse_jsonl(lines)
+    assert t.messages == (
+        ("system", "be brief"),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("tool", "a\nb"),
+    )
+    assert t.source_format == "jsonl"
+    assert t.questions == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"content": "x"}', "missing 'role'"),
+        ('{"role": "user"}', "missing 'content'"),
+        ('{"role": "robot", "content": "x"}', "unknown role"),
+        ('{"role": "user", "content": 3}', "content must be"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
+def test_bad_line_names_its_number(line: str, words: str) -> None:
+    lines = ['{"role": "user", "content": "ok"}', "", line]
+    with pytest.raises(TranscriptError, match=words) as info:
+        parse_jsonl(lines)
+    assert info.value.line == 3
+    assert str(info.value).startswith("line 3:")
+
+
+LC_DICTS = [
+    {"type": "system", "data": {"content": "sys", "type": "system"}},
+    {"type": "human", "data": {"content": "hi", "type": "human"}},
+    {"type": "ai", "data": {"content": [{"type": "text", "text": "yo"}], "tool_calls": []}},
+    {"type": "tool", "data": {"content": "42", "tool_call_id": "c1"}},
+    {"type": "AIMessageChunk", "data": {"content": "chunk"}},
+    {"type": "chat", "data": {"content": "c", "role": "user"}},
+]
+
+
+def test_langchain_dicts_as_list_and_jsonl() -> None:
+    expected = (
+        ("system", "sys"),
+        ("user", "hi"),
+        ("assistant", "yo"),
+        ("tool", "42"),
+        ("assistant", "chunk"),
+        ("user", "c"),
+    )
+    as_list = parse_messages(LC_DICTS)
+    assert as_list.messages == expected
+    assert as_list.source_format == "langchain"
+    as_lines = parse_jsonl(json.dumps(d) for d in LC_DICTS)
+    assert as_lines.messages == expected
+    assert as_lines.source_format == "langchain"
+
+
+def test_langchain_bad_items() -> None:
+    with pytest.raises(TranscriptError, match="item 2: unknown message type 'robot'"):
+        parse_messages([LC_DICTS[0], {"type": "robot", "data": {"content": "x"}}])
+    with pytest.raises(TranscriptError, match=r"missing 'data\.content'") as info:
+        parse_jsonl(['{"type": "human", "data": {}}'])
+    assert info.value.line == 1
+
+
+def test_real_messages_to_dict_output() -> None:
+    messages = pytest.importorskip("langchain_core.messages")
+    history = [
+        messages.SystemMessage("s"),
+        messages.HumanMessage("q"),
+        messages.AIMessage("", tool_calls=[{"name": "f", "args": {}, "id": "c1"}]),
+        messages.ToolMessage("r", tool_call_id="c1"),
+        messages.AIMessage("a"),
+    ]
+    dumped = json.loads(json.dumps(messages.messages_to_dict(history)))
+    t = parse_messages(dumped)
+    assert [r for r, _ in t.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert t.messages[-1] == ("assistant", "a")
+
+
+def test_locomo_sessions_in_order_ids_and_questions() -> None:
+    t = parse_locomo(TINY_LOCOMO, name="tiny")
+    assert t.messages == (("user", "hi"), ("assistant", "hello"), ("assistant", "later"))
+    assert t.message_ids == ("D1:1", "D1:2", "D2:1")
+    assert t.source_format == "locomo"
+    assert t.questions[0] == Question(
+        "q1", evidence=(1, 2), category=1, answer="a", evidence_ids=("D1:2", "D2:1")
+    )
+    q2 = t.questions[1]
+    assert q2.evidence_ids == ("D1:1", "D2:1", "D9:9")
+    assert q2.evidence == (0, 2)  # D9:9 names no message
+    assert q2.answer == "no"
+
+
+def test_locomo_prefixes() -> None:
+    t = parse_locomo(TINY_LOCOMO, with_speaker=True, with_date=True)
+    assert t.messages[0] == ("user", "[8 May] Ann: hi")
+    assert parse_locomo(TINY_LOCOMO, with_speaker=True).messages[2][1] == "Bob: later"
+
+
+def test_locomo_bad_documents() -> None:
+    with pytest.raises(TranscriptError, match="speaker_a"):
+        parse_locomo({"session_1": []})
+    bad = {**TINY_LOCOMO, "session_1": [{"speaker": "Eve", "text": "?"}]}
+    with pytest.raises(TranscriptError, match="session_1 turn 1"):
+        parse_locomo(bad)
+
+
+def test_load_transcript_detects_formats(tmp_path: Path) -> None:
+    jsonl = tmp_path / "chat.jsonl"
+    jsonl.write_text('{"role": "user", "content": "a"}\n{"role": "ai", "content": "b"}\n')
+    assert load_transcript(jsonl).messages == (("user", "a"), ("assistant", "b"))
+    assert load_transcript(jsonl).name == "chat"
+    lc = tmp_path / "lc.json"
+    lc.write_text(json.dumps(LC_DICTS))
+    assert load_transcript(lc).source_format == "langchain"
+    loco = tmp_path / "conv.json"
+    loco.write_text(json.dumps(TINY_LOCOMO))
+    assert load_transcript(loco).source_format == "locomo"
+    with pytest.raises(TranscriptError, match="not a LoCoMo"):
+        load_transcript(jsonl, format="locomo")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"role": "user", "content": "a"}\n{oops\n')
+    with pytest.raises(TranscriptError) as info:
+        load_transcript(broken)
+    assert info.value.line == 2
+    with pytest.raises(TranscriptError, match="cannot read"):
+        load_transcript(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.skipif(not LOCOMO.is_dir(), reason="LoCoMo data not available")
+def test_real_locomo_file() -> None:
+    t = load_transcript(LOCOMO / "conv-26.json")
+    assert len(t) == len(t.message_ids) == 419
+    assert {r for r, _ in t.messages} == {"user", "assistant"}
+    assert t.questions
+    for q in t.questions:
+        assert all(0 <= i < len(t) for i in q.evidence)
