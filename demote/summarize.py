@@ -20,10 +20,13 @@ from demote.records import MessageRecord
 from demote.tokens import approximate_tokens
 
 __all__ = [
+    "DEFAULT_SUMMARY_PROMPT",
     "AsyncSummarizer",
+    "ModelSummarizer",
     "SyncSummarizer",
     "TemplateSummarizer",
     "format_transcript",
+    "summary_request",
     "truncate_to_tokens",
 ]
 
@@ -81,6 +84,86 @@ def truncate_to_tokens(
 def format_transcript(messages: Sequence[MessageRecord]) -> str:
     """Messages as ``role: text`` lines, the input a model summarizer reads."""
     return "\n".join(f"{m.role}: {m.text}" for m in messages if m.text.strip())
+
+
+#: The default instructions model summarizers send (``{max_words}`` is filled in).
+DEFAULT_SUMMARY_PROMPT = (
+    "You maintain the running summary of a long conversation. Merge the previous summary "
+    "and the new messages into one updated summary. Keep every fact, name, number, date, "
+    "decision and open question; drop greetings and filler. Write plain prose or short "
+    "bullet points, at most {max_words} words, and output only the summary."
+)
+
+
+def summary_request(
+    previous: str | None,
+    messages: Sequence[MessageRecord],
+    *,
+    prompt: str = DEFAULT_SUMMARY_PROMPT,
+    max_summary_tokens: int = 512,
+) -> tuple[str, str]:
+    """The (instructions, input) pair a model summarizer sends: shared by every framework.
+
+    Args:
+        previous: The previous running summary, if any.
+        messages: The messages to fold in.
+        prompt: Instructions; ``{max_words}`` is replaced by a word budget.
+        max_summary_tokens: The summary's bound in tokens.
+    """
+    max_words = max(1, int(max_summary_tokens * 0.75))
+    instructions = prompt.replace("{max_words}", str(max_words))
+    body = f"Previous summary:\n{previous or '(none)'}\n\nNew messages:\n"
+    return instructions, body + format_transcript(messages)
+
+
+class ModelSummarizer:
+    """Base of the model-backed summarizers: prompt, bound and cut written once.
+
+    Subclasses implement :meth:`_complete` and :meth:`_acomplete` (one model call each);
+    ``langchain_demote.ChatModelSummarizer`` and ``llamaindex_demote.LLMSummarizer`` are
+    the shipped ones.
+
+    Args:
+        prompt: Instructions replacing :data:`DEFAULT_SUMMARY_PROMPT` (``{max_words}`` is
+            filled in).
+        max_summary_tokens: Bound on the summary; a longer answer is cut (newest kept).
+        counter: Counts tokens for that bound (default: chars / 4).
+    """
+
+    def __init__(
+        self,
+        *,
+        prompt: str = DEFAULT_SUMMARY_PROMPT,
+        max_summary_tokens: int = 512,
+        counter: Callable[[str], int] = approximate_tokens,
+    ) -> None:
+        if max_summary_tokens <= 0:
+            raise ConfigError(f"max_summary_tokens: must be > 0, got {max_summary_tokens}")
+        self.prompt = prompt
+        self.max_summary_tokens = max_summary_tokens
+        self.counter = counter
+
+    def _complete(self, instructions: str, body: str) -> str:
+        raise NotImplementedError
+
+    async def _acomplete(self, instructions: str, body: str) -> str:
+        raise NotImplementedError
+
+    def _request(self, previous: str | None, messages: Sequence[MessageRecord]) -> tuple[str, str]:
+        return summary_request(
+            previous, messages, prompt=self.prompt, max_summary_tokens=self.max_summary_tokens
+        )
+
+    def _finish(self, text: str) -> str:
+        return truncate_to_tokens(text.strip(), self.max_summary_tokens, self.counter)
+
+    def summarize(self, previous: str | None, messages: Sequence[MessageRecord]) -> str:
+        """The new running summary (blocking model call)."""
+        return self._finish(self._complete(*self._request(previous, messages)))
+
+    async def asummarize(self, previous: str | None, messages: Sequence[MessageRecord]) -> str:
+        """The new running summary (awaited model call)."""
+        return self._finish(await self._acomplete(*self._request(previous, messages)))
 
 
 class TemplateSummarizer:
