@@ -1,1 +1,26 @@
-"""LlamaIndex adapter for demote."""
+"""LlamaIndex adapter for demote: ``DemotingMemory``, a ``BaseMemory`` with a long tail.
+
+Install with ``pip install 'demote[llamaindex]'``::
+
+    from llamaindex_demote import DemotingMemory
+
+    memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="user-42")
+    chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+
+- :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
+- :mod:`llamaindex_demote.messages`: pure ``to_core`` / ``from_core`` conversion.
+"""
+
+from __future__ import annotations
+
+try:
+    import llama_index.core  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    from demote.errors import MissingExtraError
+
+    raise MissingExtraError("llama-index-core", "llamaindex") from exc
+
+from llamaindex_demote.memory import DemotingMemory
+from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
+
+__all__ = ["DemotingMemory", "RECALL_PREFIX", "from_core", "to_core"]

@@ -1,0 +1,398 @@
+"""``DemotingMemory``: a LlamaIndex ``BaseMemory`` with a bounded window and a long tail.
+
+The full conversation lives in a LlamaIndex chat store (any ``BaseChatStore``; a
+``SimpleChatStore`` by default) under ``chat_store_key``, which is also the conversation
+id the :class:`~demote.Demoter` tracks. Writes (``put``, ``put_messages``, ``set``) only
+touch the chat store. Every read (``get``) loads the history through the demoter, which
+plans the window, hands whatever fell out of it to the hook exactly once, and returns the
+window. The memory then assembles what the model sees::
+
+    pinned system messages
+    one system message with the running summary (if any)
+    the kept messages ...
+    one system message with recalled messages   <- only with recall=, right before the
+    the newest user message ...                    newest user message (or at the end,
+                                                   when that message is not stored yet)
+
+Recall sits next to the question rather than at the head, so the prompt prefix (pinned,
+summary, older kept messages) stays byte-identical between calls and provider prompt
+caches keep hitting. Recalled text is never written to the chat store, so it is never
+demoted, archived or captured again.
+
+Sync and async share everything but the awaited calls: the async methods await the chat
+store's async methods, :meth:`~demote.Demoter.aload` and the recall's ``asearch`` (or run
+its ``search`` in a thread). LlamaIndex agents only call the async methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.llms.llm import LLM
+from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
+from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
+
+from demote.engine import Demoter, Window, render_summary
+from demote.errors import ConfigError
+from demote.hooks.base import Capture, Recall
+from demote.policy import SlidingWindow
+from demote.records import CapturedTurn, MessageRecord, Recalled, make_key
+from demote.state.base import StateStore, validate_conversation_id
+from llamaindex_demote.messages import core_role, from_core, recall_message, text_of, to_core
+
+__all__ = ["DemotingMemory"]
+
+#: Share of an LLM's context window used for the window when only ``llm=`` sizes it
+#: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
+LLM_WINDOW_RATIO = 0.75
+
+
+def _build_demoter(
+    demoter: Demoter | None,
+    policy: SlidingWindow | None,
+    hook: object | None,
+    state: StateStore | None,
+    token_limit: int | None,
+    llm: LLM | None,
+) -> Demoter:
+    if demoter is not None:
+        if policy is not None or hook is not None or state is not None:
+            raise ConfigError("give either demoter= or policy=/hook=/state=, not both")
+        if not isinstance(demoter, Demoter):
+            raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
+        return demoter
+    if policy is None:
+        if token_limit is None and llm is not None:
+            token_limit = int(llm.metadata.context_window * LLM_WINDOW_RATIO)
+        if token_limit is None:
+            raise ConfigError("give demoter=, policy= or token_limit= to size the window")
+        policy = SlidingWindow.last_tokens(token_limit)
+    return Demoter(policy, hook, state=state)
+
+
+def _recall_point(messages: Sequence[ChatMessage], query: str | None) -> tuple[str | None, int]:
+    """The recall query and where its message goes in the kept ``messages``.
+
+    Without ``query`` the newest stored user message is the query and recall goes right
+    before it. With ``query``, recall goes before the newest message if that is the same
+    user message (already stored), else at the end (the engine appends the question).
+    """
+    newest = next(
+        (i for i in range(len(messages) - 1, -1, -1) if core_role(messages[i]) == "user"),
+        None,
+    )
+    if query is None:
+        if newest is None:
+            return None, len(messages)
+        return text_of(messages[newest]) or None, newest
+    last = len(messages) - 1
+    if newest == last and text_of(messages[last]) == query:
+        return query, last
+    return query, len(messages)
+
+
+def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) -> list[Recalled]:
+    """The first ``k`` recalled messages the model does not already see in ``window``."""
+    shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
+    pinned = len(window.pinned)
+    out = []
+    for r in recalled:
+        if r.index >= 0 and (r.index >= window.start or r.index < pinned):
+            continue
+        if r.index < 0 and (r.role, r.text) in shown:
+            continue
+        out.append(r)
+        if len(out) == k:
+            break
+    return out
+
+
+def _assemble(
+    window: Window[ChatMessage], recalled: Sequence[Recalled], at: int
+) -> list[ChatMessage]:
+    """Pinned, summary, kept messages, with the recall message inserted at ``at``."""
+    out = list(window.pinned)
+    if window.summary:
+        out.append(from_core("system", render_summary(window.summary)))
+    body = list(window.messages)
+    if recalled:
+        body.insert(at, recall_message(recalled))
+    return out + body
+
+
+class DemotingMemory(BaseChatStoreMemory):
+    """A LlamaIndex memory that keeps a bounded window and demotes the rest, once.
+
+    Build it with :meth:`from_defaults`; pass it to any chat engine or agent::
+
+        memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="user-42")
+        chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+        await agent.run("hi", memory=memory)
+
+    Attributes:
+        chat_store: Where the full history lives (any ``BaseChatStore``).
+        chat_store_key: The conversation id.
+    """
+
+    _demoter: Demoter = PrivateAttr()
+    _recall: Recall | None = PrivateAttr(default=None)
+    _recall_k: int = PrivateAttr(default=5)
+    _capture: Capture | None = PrivateAttr(default=None)
+
+    def __init__(
+        self,
+        *,
+        demoter: Demoter,
+        chat_store: BaseChatStore | None = None,
+        chat_store_key: str = DEFAULT_CHAT_STORE_KEY,
+        recall: Recall | None = None,
+        recall_k: int = 5,
+        capture: Capture | None = None,
+    ) -> None:
+        validate_conversation_id(chat_store_key)
+        if not isinstance(demoter, Demoter):
+            raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
+        if recall is not None and not callable(getattr(recall, "search", None)):
+            raise ConfigError(f"recall: {recall!r} has no search(conversation_id, query, k)")
+        if isinstance(recall_k, bool) or not isinstance(recall_k, int) or recall_k < 1:
+            raise ConfigError(f"recall_k: must be an int >= 1, got {recall_k!r}")
+        if capture is not None and not callable(getattr(capture, "capture", None)):
+            raise ConfigError(f"capture: {capture!r} has no capture(turn)")
+        super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
+        self._demoter = demoter
+        self._recall = recall
+        self._recall_k = recall_k
+        self._capture = capture
+
+    @classmethod
+    def class_name(cls) -> str:
+        """The name LlamaIndex serializes this memory under."""
+        return "DemotingMemory"
+
+    @classmethod
+    def from_defaults(
+        cls,
+        chat_history: list[ChatMessage] | None = None,
+        llm: LLM | None = None,
+        *,
+        demoter: Demoter | None = None,
+        policy: SlidingWindow | None = None,
+        hook: object | None = None,
+        state: StateStore | None = None,
+        token_limit: int | None = None,
+        chat_store: BaseChatStore | None = None,
+        chat_store_key: str = DEFAULT_CHAT_STORE_KEY,
+        recall: Recall | None = None,
+        recall_k: int = 5,
+        capture: Capture | None = None,
+        **kwargs: Any,
+    ) -> DemotingMemory:
+        """Build a memory over a shared demoter, or over a private one built here.
+
+        Args:
+            chat_history: Messages to store first (replacing what the key holds).
+            llm: Only sizes the window when nothing else does: 75% of its context
+                window, in tokens (as LlamaIndex's ``ChatMemoryBuffer``).
+            demoter: A :class:`~demote.Demoter` to share (several memories may use one).
+            policy: Window policy of a private demoter (instead of ``demoter``).
+            hook: Where a private demoter demotes to (``NoopHook`` if omitted).
+            state: A private demoter's state store (``InMemoryStateStore`` if omitted;
+                ``SQLiteStateStore`` survives restarts).
+            token_limit: Shorthand for ``policy=SlidingWindow.last_tokens(token_limit)``,
+                so ``SimpleChatEngine.from_defaults(memory_cls=DemotingMemory)`` works.
+            chat_store: Where the full history lives; a new ``SimpleChatStore`` if omitted.
+            chat_store_key: The conversation id.
+            recall: Anything with ``search(conversation_id, query, k)`` returning
+                :class:`~demote.records.Recalled` (``SQLiteArchive``, ``Mem0Recall``);
+                its ``asearch`` is used by the async methods when it has one.
+            recall_k: How many recalled messages ``get`` adds at most.
+            capture: Receives each new user message as a
+                :class:`~demote.records.CapturedTurn` (e.g. ``Mem0Capture``).
+            **kwargs: Rejected: an unknown option raises :class:`~demote.errors.ConfigError`.
+
+        Returns:
+            The memory.
+
+        Raises:
+            ConfigError: Conflicting or invalid options, or nothing sizes the window.
+        """
+        if kwargs:
+            raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
+        memory = cls(
+            demoter=_build_demoter(demoter, policy, hook, state, token_limit, llm),
+            chat_store=chat_store,
+            chat_store_key=chat_store_key,
+            recall=recall,
+            recall_k=recall_k,
+            capture=capture,
+        )
+        if chat_history is not None:
+            memory.set(chat_history)
+        return memory
+
+    # -- shared pieces ---------------------------------------------------------------------
+
+    @property
+    def demoter(self) -> Demoter:
+        """The demoter that keeps this memory's window."""
+        return self._demoter
+
+    @property
+    def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
+        """Counts text with the policy's counter, the way LlamaIndex engines expect.
+
+        Chat engines call ``len(memory.tokenizer_fn(prefix))`` to compute the
+        ``initial_token_count`` they pass to :meth:`get`; the returned sequence has one
+        item per token (a ``range``: only its length means anything).
+        """
+        counter = self._demoter.policy.resolved_counter()
+
+        def tokenize(text: str) -> Sequence[int]:
+            return range(counter(text))
+
+        return tokenize
+
+    def _describe(self, message: ChatMessage) -> MessageRecord:
+        return to_core(message, self._demoter.describe)
+
+    def _needs_index(self, messages: Sequence[ChatMessage]) -> bool:
+        return self._capture is not None and any(core_role(m) == "user" for m in messages)
+
+    def _captured(self, base: int, messages: Sequence[ChatMessage]) -> None:
+        """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
+        if self._capture is None:
+            return
+        cid = self.chat_store_key
+        offset = self._demoter.state_of(cid).offset
+        for i, message in enumerate(messages, base + offset):
+            if core_role(message) != "user":
+                continue
+            rec = self._describe(message)
+            key = make_key(cid, i, rec.fingerprint)
+            self._capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
+
+    @staticmethod
+    def _check_initial(initial_token_count: int) -> None:
+        if (
+            isinstance(initial_token_count, bool)
+            or not isinstance(initial_token_count, int)
+            or initial_token_count < 0
+        ):
+            raise ConfigError(
+                f"initial_token_count: must be an int >= 0, got {initial_token_count!r}"
+            )
+
+    def _fetch_k(self) -> int:
+        # Ask for more than k: hits the model already sees in the window are dropped.
+        return 2 * self._recall_k
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(
+        self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
+    ) -> list[ChatMessage]:
+        """The messages to send the model: pinned, summary, window, and recall.
+
+        Loading demotes whatever fell out of the window (once) before returning.
+
+        Args:
+            input: The user's question, if the caller has it (recall query). Without it
+                the newest stored user message is the query.
+            initial_token_count: Tokens the caller puts in front of these messages (its
+                prefix). Validated, but it does not shrink the window: the window is the
+                policy's alone, so what is demoted does not depend on which engine reads
+                (budget the prefix into the policy's limit).
+            **kwargs: Accepted for LlamaIndex compatibility and ignored.
+
+        Returns:
+            New list; the memory's own messages are the chat store's objects.
+        """
+        self._check_initial(initial_token_count)
+        cid = self.chat_store_key
+        window = self._demoter.load(cid, self.chat_store.get_messages(cid), self._describe)
+        query, at = _recall_point(window.messages, input)
+        hits: list[Recalled] = []
+        if self._recall is not None and query:
+            hits = self._recall.search(cid, query, self._fetch_k())
+        return _assemble(window, _visible(window, hits, self._recall_k), at)
+
+    async def aget(
+        self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
+    ) -> list[ChatMessage]:
+        """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
+        self._check_initial(initial_token_count)
+        cid = self.chat_store_key
+        messages = await self.chat_store.aget_messages(cid)
+        window = await self._demoter.aload(cid, messages, self._describe)
+        query, at = _recall_point(window.messages, input)
+        hits: list[Recalled] = []
+        if self._recall is not None and query:
+            asearch = getattr(self._recall, "asearch", None)
+            if asearch is not None:
+                hits = await asearch(cid, query, self._fetch_k())
+            else:
+                hits = await asyncio.to_thread(self._recall.search, cid, query, self._fetch_k())
+        return _assemble(window, _visible(window, hits, self._recall_k), at)
+
+    def get_all(self) -> list[ChatMessage]:
+        """The full history in the chat store (a new list)."""
+        return list(self.chat_store.get_messages(self.chat_store_key))
+
+    async def aget_all(self) -> list[ChatMessage]:
+        """Async :meth:`get_all`."""
+        return list(await self.chat_store.aget_messages(self.chat_store_key))
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put(self, message: ChatMessage) -> None:
+        """Append one message (a user message also goes to ``capture``)."""
+        self.put_messages([message])
+
+    async def aput(self, message: ChatMessage) -> None:
+        """Async :meth:`put`."""
+        await self.aput_messages([message])
+
+    def put_messages(self, messages: list[ChatMessage]) -> None:
+        """Append messages in order (user messages also go to ``capture``)."""
+        cid = self.chat_store_key
+        base = len(self.chat_store.get_messages(cid)) if self._needs_index(messages) else 0
+        for message in messages:
+            self.chat_store.add_message(cid, message)
+        self._captured(base, messages)
+
+    async def aput_messages(self, messages: list[ChatMessage]) -> None:
+        """Async :meth:`put_messages`."""
+        cid = self.chat_store_key
+        base = len(await self.chat_store.aget_messages(cid)) if self._needs_index(messages) else 0
+        for message in messages:
+            await self.chat_store.async_add_message(cid, message)
+        self._captured(base, messages)
+
+    def set(self, messages: list[ChatMessage]) -> None:
+        """Replace the whole conversation.
+
+        The next read notices the rewrite and re-syncs the demotion state; messages the
+        hook already holds (``has_keys``) are not delivered again. Nothing is captured.
+        """
+        self.chat_store.set_messages(self.chat_store_key, list(messages))
+
+    async def aset(self, messages: list[ChatMessage]) -> None:
+        """Async :meth:`set`."""
+        await self.chat_store.aset_messages(self.chat_store_key, list(messages))
+
+    def reset(self) -> None:
+        """Delete the conversation from the chat store and clear its demotion state.
+
+        What the hook already holds (the archive) is kept.
+        """
+        self.chat_store.delete_messages(self.chat_store_key)
+        self._demoter.clear(self.chat_store_key)
+
+    async def areset(self) -> None:
+        """Async :meth:`reset`."""
+        await self.chat_store.adelete_messages(self.chat_store_key)
+        self._demoter.clear(self.chat_store_key)
