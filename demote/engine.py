@@ -29,6 +29,7 @@ neither commits its stale state nor releases the newer reservation.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -163,6 +164,7 @@ class Demoter:
         self._gates: dict[str, object] = {}
         self._compacting: dict[str, object] = {}
         self._epochs: dict[str, int] = {}
+        self._epoch_clock = itertools.count(1)  # epochs are never reused, even after forget
         self._views: dict[str, _View] = {}
 
     # -- describing messages -------------------------------------------------------------
@@ -228,7 +230,7 @@ class Demoter:
         cid = validate_conversation_id(conversation_id)
         token = object()
         with self._lock:
-            epoch = self._epochs.get(cid, 0)
+            epoch = self._epochs.setdefault(cid, next(self._epoch_clock))
             holder = cid not in self._gates
             if holder:
                 self._gates[cid] = token
@@ -331,7 +333,7 @@ class Demoter:
                 return
             for _ in range(_GATE_POLLS):
                 with self._lock:
-                    holder = cid not in self._gates and self._epochs.get(cid, 0) == epoch
+                    holder = cid not in self._gates and self._epochs.get(cid) == epoch
                     if holder:
                         self._gates[cid] = gate
                 if holder:
@@ -426,7 +428,7 @@ class Demoter:
         new: ConversationState,
     ) -> bool:
         with self._lock:
-            if self._epochs.get(cid, 0) != epoch:
+            if self._epochs.get(cid) != epoch:
                 logger.info("demote: discarding a stale commit for cleared conversation %r", cid)
                 return False
             ok = self.state.compare_and_set(cid, stored, new)
@@ -458,7 +460,7 @@ class Demoter:
         """
         cid = validate_conversation_id(conversation_id)
         with self._lock:
-            self._epochs[cid] = self._epochs.get(cid, 0) + 1
+            self._epochs[cid] = next(self._epoch_clock)
             self._gates.pop(cid, None)
             self._compacting.pop(cid, None)
             self._views.pop(cid, None)
