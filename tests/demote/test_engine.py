@@ -1,0 +1,506 @@
+"""The demotion engine: named cases (delivery once, failures, in-flight gate, clears,
+restarts, rewrites, sync/async hooks) and bad conversation ids."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from demote import (
+    ConfigError,
+    ConversationIdError,
+    ConversationState,
+    Demoter,
+    Demotion,
+    HookError,
+    HookTimeout,
+    SlidingWindow,
+    SQLiteStateStore,
+)
+from demote.records import make_key
+from tests.strategies import Msg, describer, unique
+
+LAST4 = SlidingWindow.last_messages(4)
+
+
+class RecordingHook:
+    """Records every batch; keeps a key-idempotent store; can be switched to failing."""
+
+    def __init__(self) -> None:
+        self.batches: list[Demotion] = []
+        self.store: dict[str, tuple[str, int, str]] = {}
+        self.deliveries: Counter[str] = Counter()
+        self.threads: list[threading.Thread] = []
+        self.calls = 0
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def deliver(self, batch: Demotion) -> None:
+        with self.lock:
+            self.calls += 1
+            self.threads.append(threading.current_thread())
+            if self.fail:
+                raise RuntimeError("hook is down")
+            self.batches.append(batch)
+            for m in batch.messages:
+                self.deliveries[m.key] += 1
+                self.store[m.key] = (batch.conversation_id, m.index, m.text)
+
+    def indexes(self, cid: str) -> list[int]:
+        return sorted(i for c, i, _ in self.store.values() if c == cid)
+
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.deliveries.values())
+
+
+class KeyedHook(RecordingHook):
+    """A hook that can tell which keys it already holds (like SQLiteArchive)."""
+
+    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        with self.lock:
+            return {k for k in keys if k in self.store}
+
+
+class AsyncOnlyHook:
+    def __init__(self) -> None:
+        self.inner = RecordingHook()
+
+    async def adeliver(self, batch: Demotion) -> None:
+        await asyncio.sleep(0)
+        self.inner.deliver(batch)
+
+
+class BlockingHook(RecordingHook):
+    """Blocks in ``deliver`` until ``release`` is set (at most 5 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def deliver(self, batch: Demotion) -> None:
+        self.entered.set()
+        self.release.wait(5)
+        super().deliver(batch)
+
+
+def chat(n: int, tag: str = "") -> list[Msg]:
+    roles = ("user", "assistant")
+    return unique([Msg(roles[i % 2], f"m{i}") for i in range(n)], tag)
+
+
+def load(d: Demoter, cid: str, msgs: list[Msg]) -> Any:
+    w = d.load(cid, msgs, describer(d))
+    assert w.messages == msgs[w.start :]
+    assert w.pinned == msgs[: len(w.pinned)]
+    return w
+
+
+async def aload(d: Demoter, cid: str, msgs: list[Msg]) -> Any:
+    w = await d.aload(cid, msgs, describer(d))
+    assert w.messages == msgs[w.start :]
+    return w
+
+
+def run_in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+# -- delivery -------------------------------------------------------------------------------
+
+
+def test_each_demoted_message_reaches_the_hook_once() -> None:
+    hook = RecordingHook()
+    d = Demoter(LAST4, hook)
+    msgs: list[Msg] = []
+    for _ in range(20):
+        msgs += chat(2)
+        w = load(d, "c", msgs)
+        assert hook.indexes("c") == list(range(w.start))
+    assert hook.duplicates() == 0
+    assert len(hook.store) == 36
+    assert [m.key for b in hook.batches for m in b.messages] == [
+        make_key("c", i, describer(d)(msgs[i]).fingerprint) for i in range(36)
+    ]
+    assert d.state_of("c").delivered == d.state_of("c").window_start == 36
+
+
+def test_policy_that_never_demotes_still_loads() -> None:
+    hook = RecordingHook()
+    d = Demoter(SlidingWindow.last_messages(10_000), hook)
+    msgs = chat(50)
+    w = load(d, "c", msgs)
+    assert (w.start, len(w.messages), w.demoted) == (0, 50, 0)
+    assert hook.calls == 0
+    assert d.state_of("c") == ConversationState()
+    assert load(Demoter(LAST4), "c", msgs).start == 46  # NoopHook by default
+
+
+def test_hook_failure_keeps_watermark_and_next_load_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook = RecordingHook()
+    d = Demoter(LAST4, hook)
+    msgs = chat(10)
+    hook.fail = True
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        w = load(d, "c", msgs)
+    assert "hook failed" in caplog.text
+    assert (w.start, w.demoted) == (0, 0), "undelivered messages stay in the window"
+    assert d.state_of("c") == ConversationState()
+    hook.fail = False
+    w = load(d, "c", msgs)
+    assert (w.start, w.demoted) == (6, 6)
+    assert hook.indexes("c") == list(range(6)) and hook.duplicates() == 0
+
+
+def test_only_newly_demoted_messages_are_reported() -> None:
+    d = Demoter(LAST4, RecordingHook())
+    msgs = chat(10)
+    assert load(d, "c", msgs).demoted == 6
+    assert load(d, "c", msgs).demoted == 0
+    msgs += chat(2)
+    assert load(d, "c", msgs).demoted == 2
+
+
+def test_unchanged_messages_are_described_once() -> None:
+    d = Demoter(LAST4)
+    calls: list[Msg] = []
+
+    def describe(m: Msg) -> Any:
+        calls.append(m)
+        return describer(d)(m)
+
+    msgs = chat(10)
+    d.load("c", msgs, describe)
+    calls.clear()
+    msgs += chat(2)
+    d.load("c", msgs, describe)
+    assert calls == msgs[-2:]
+
+
+def test_describe_counts_tokens_once_per_distinct_message() -> None:
+    seen: list[str] = []
+
+    def counter(text: str) -> int:
+        seen.append(text)
+        return len(text)
+
+    d = Demoter(SlidingWindow.last_tokens(50, counter=counter))
+    for _ in range(3):
+        d.describe("user", "hello there")
+    assert seen == ["hello there"]
+
+
+def test_bad_engine_config_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="policy"):
+        Demoter({"unit": "messages", "limit": 3})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="on_hook_error"):
+        Demoter(LAST4, on_hook_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="hook_timeout"):
+        Demoter(LAST4, hook_timeout=0)
+    with pytest.raises(ConfigError, match="hook"):
+        Demoter(LAST4, object())
+
+
+# -- the in-flight gate -------------------------------------------------------------------
+
+
+def test_in_flight_load_returns_without_calling_the_hook() -> None:
+    hook = BlockingHook()
+    d = Demoter(LAST4, hook)
+    msgs = chat(10)
+    t, box = run_in_thread(lambda: load(d, "c", msgs))
+    assert hook.entered.wait(5)
+    began = time.monotonic()
+    w = load(d, "c", msgs)
+    assert time.monotonic() - began < 1.0, "did not wait for the blocked hook"
+    assert hook.calls == 0 and w.demoted == 0
+    hook.release.set()
+    t.join(5)
+    assert box["value"].demoted == 6
+    assert hook.calls == 1 and hook.duplicates() == 0
+    assert load(d, "c", msgs).demoted == 0
+
+
+def test_raise_reaches_only_the_caller_that_drove_the_delivery() -> None:
+    hook = BlockingHook()
+    hook.fail = True
+    d = Demoter(LAST4, hook, on_hook_error="raise")
+    msgs = chat(10)
+    t, box = run_in_thread(lambda: load(d, "c", msgs))
+    assert hook.entered.wait(5)
+    w = load(d, "c", msgs)  # not the deliverer: no error
+    assert w.demoted == 0
+    hook.release.set()
+    t.join(5)
+    assert isinstance(box.get("error"), HookError)
+    assert "hook is down" in str(box["error"])
+    assert isinstance(box["error"].__cause__, RuntimeError)
+    assert d.state_of("c") == ConversationState()
+
+
+async def test_hook_timeout_raises_hook_timeout() -> None:
+    class Slow:
+        async def adeliver(self, batch: Demotion) -> None:
+            await asyncio.sleep(5)
+
+    d = Demoter(LAST4, Slow(), on_hook_error="raise", hook_timeout=0.05)
+    with pytest.raises(HookTimeout):
+        await aload(d, "c", chat(10))
+    assert d.state_of("c") == ConversationState()
+
+
+async def test_hook_timeout_logs_and_next_load_delivers(caplog: pytest.LogCaptureFixture) -> None:
+    hook = AsyncOnlyHook()
+    slow = {"on": True}
+
+    class MaybeSlow:
+        async def adeliver(self, batch: Demotion) -> None:
+            if slow["on"]:
+                await asyncio.sleep(5)
+            await hook.adeliver(batch)
+
+    d = Demoter(LAST4, MaybeSlow(), hook_timeout=0.05)
+    msgs = chat(10)
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        w = await aload(d, "c", msgs)
+    assert "HookTimeout" in caplog.text
+    assert w.start == 0
+    slow["on"] = False
+    assert (await aload(d, "c", msgs)).demoted == 6
+    assert hook.inner.duplicates() == 0
+
+
+async def test_cancelled_async_load_releases_the_gate() -> None:
+    entered, gate = asyncio.Event(), asyncio.Event()
+    hook = RecordingHook()
+
+    class Stuck:
+        async def adeliver(self, batch: Demotion) -> None:
+            entered.set()
+            await gate.wait()
+            hook.deliver(batch)
+
+    d = Demoter(LAST4, Stuck())
+    msgs = chat(10)
+    task = asyncio.create_task(aload(d, "c", msgs))
+    await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert d.state_of("c") == ConversationState()
+    gate.set()
+    w = await aload(d, "c", msgs)
+    assert w.demoted == 6 and hook.indexes("c") == list(range(6))
+
+
+async def test_stale_cancelled_load_does_not_clear_new_reservation() -> None:
+    release = asyncio.Event()
+    entered: list[int] = []
+    hook = RecordingHook()
+
+    class Stuck:
+        async def adeliver(self, batch: Demotion) -> None:
+            entered.append(len(batch))
+            await release.wait()
+            hook.deliver(batch)
+
+    d = Demoter(LAST4, Stuck())
+    old = chat(10, "old")
+    stale = asyncio.create_task(aload(d, "c", old))
+    while not entered:
+        await asyncio.sleep(0.001)
+    d.clear("c")
+    new = chat(12, "new")
+    fresh = asyncio.create_task(aload(d, "c", new))  # takes the new reservation
+    while len(entered) < 2:
+        await asyncio.sleep(0.001)
+    stale.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stale
+    # The fresh load still holds the gate: a third load does not deliver.
+    w = await aload(d, "c", new)
+    assert len(entered) == 2 and w.demoted == 0
+    release.set()
+    assert (await fresh).demoted == 8
+    assert d.state_of("c").window_start == 8
+    assert hook.duplicates() == 0
+
+
+@pytest.mark.parametrize("how", ["clear", "forget"])
+@pytest.mark.parametrize("committed_before", [False, True])
+def test_concurrent_with_clear_does_not_resurrect_state(how: str, committed_before: bool) -> None:
+    hook = BlockingHook()
+    d = Demoter(LAST4, hook)
+    msgs = chat(10)
+    if committed_before:
+        hook.release.set()
+        load(d, "c", msgs[:6])
+        hook.release.clear()
+        hook.entered.clear()
+    t, box = run_in_thread(lambda: load(d, "c", msgs))
+    assert hook.entered.wait(5)
+    getattr(d, how)("c")
+    hook.release.set()
+    t.join(5)
+    assert "error" not in box
+    assert d.state.get("c") is None, f"a stale delivery resurrected state after {how}"
+    assert d.tracked_conversations() == 0
+    # The conversation starts over cleanly.
+    fresh = chat(6, "fresh")
+    assert load(d, "c", fresh).start == 2
+    assert d.state_of("c").window_start == 2
+
+
+# -- durability and rewrites ----------------------------------------------------------------
+
+
+def test_watermarks_persist_across_a_new_demoter(tmp_path: Path) -> None:
+    hook = RecordingHook()
+    path = tmp_path / "state.db"
+    msgs = chat(10)
+    d1 = Demoter(LAST4, hook, state=SQLiteStateStore(path))
+    assert load(d1, "c", msgs).demoted == 6
+    d1.state.close()
+    d2 = Demoter(LAST4, hook, state=SQLiteStateStore(path))
+    assert d2.state_of("c").window_start == 6
+    w = load(d2, "c", list(msgs))
+    assert (w.start, w.demoted) == (6, 0)
+    msgs += chat(4)
+    assert load(d2, "c", msgs).demoted == 4
+    assert hook.indexes("c") == list(range(10)) and hook.duplicates() == 0
+    d2.state.close()
+
+
+@pytest.mark.parametrize("rewrite", ["shorter", "edited"])
+def test_rewritten_history_is_resynced_without_redelivery(
+    rewrite: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = KeyedHook()
+    d = Demoter(LAST4, hook)
+    msgs = chat(10)
+    load(d, "c", msgs)
+    before = d.state_of("c")
+    assert before.window_start == 6
+    if rewrite == "shorter":
+        changed = msgs[:5]
+        expect_start, new_keys = 2, 0  # 0 and 1 are held already
+    else:
+        changed = [*msgs[:5], Msg("assistant", "edited"), *msgs[6:]]
+        expect_start, new_keys = 6, 1
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        w = load(d, "c", changed)
+    assert "no longer matches" in caplog.text
+    assert w.start == expect_start
+    assert w.demoted == new_keys
+    assert hook.duplicates() == 0
+    after = d.state_of("c")
+    assert after.generation == before.generation + 1
+    assert after.window_start == expect_start
+    # And it is stable from there: the next load is not a rewrite.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        assert load(d, "c", changed).demoted == 0
+    assert "no longer matches" not in caplog.text
+
+
+# -- sync and async hooks from either side ------------------------------------------------
+
+
+async def test_sync_only_hook_from_aload_runs_off_the_event_loop() -> None:
+    hook = RecordingHook()
+    d = Demoter(LAST4, hook)
+    w = await aload(d, "c", chat(10))
+    assert w.demoted == 6
+    assert hook.threads and hook.threads[0] is not threading.current_thread()
+
+
+def test_async_only_hook_from_sync_load() -> None:
+    hook = AsyncOnlyHook()
+    d = Demoter(LAST4, hook)
+    assert load(d, "c", chat(10)).demoted == 6
+    assert hook.inner.indexes("c") == list(range(6))
+
+
+async def test_async_only_hook_from_sync_load_inside_a_running_loop() -> None:
+    hook = AsyncOnlyHook()
+    d = Demoter(LAST4, hook)
+    assert load(d, "c", chat(10)).demoted == 6
+    assert hook.inner.indexes("c") == list(range(6))
+
+
+# -- bad conversation ids -------------------------------------------------------------------
+
+ACCEPTED = [
+    "plain",
+    "with \"quotes\" and 'single'",
+    "100%_done",
+    "a; DROP TABLE demote_state; --",
+    "../../etc/passwd",
+    "..\\windows",
+    "x" * 10_000,
+    "ünïcødé ☃",
+]
+REJECTED = ["", "nul\x00inside", "y" * 20_000, 42, None, b"bytes"]
+
+
+@pytest.mark.parametrize("cid", ACCEPTED, ids=lambda c: repr(c)[:20])
+def test_odd_conversation_ids_round_trip_safely(cid: str, tmp_path: Path) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    d = Demoter(LAST4, RecordingHook(), state=store)
+    load(d, "other", chat(10))
+    other = d.state_of("other")
+    files = sorted(os.listdir(tmp_path))
+    w = load(d, cid, chat(10))
+    assert w.conversation_id == cid and w.demoted == 6
+    assert d.state_of(cid).window_start == 6
+    assert d.state_of("other") == other
+    assert sorted(store.conversations()) == sorted([cid, "other"])
+    assert sorted(os.listdir(tmp_path)) == files, "no file is made from the id"
+    d.clear(cid)
+    assert store.conversations() == ["other"]
+    store.close()
+
+
+@pytest.mark.parametrize("cid", REJECTED, ids=lambda c: repr(c)[:20])
+def test_bad_conversation_ids_are_rejected(cid: object, tmp_path: Path) -> None:
+    store = SQLiteStateStore(tmp_path / "state.db")
+    d = Demoter(LAST4, RecordingHook(), state=store)
+    load(d, "other", chat(10))
+    other = d.state_of("other")
+    files = sorted(os.listdir(tmp_path))
+    with pytest.raises(ConversationIdError) as info:
+        d.load(cid, chat(10), describer(d))  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert "conversation_id" in str(info.value)
+    for op in (d.clear, d.forget, d.state_of):
+        with pytest.raises(ConversationIdError):
+            op(cid)  # type: ignore[arg-type]
+    assert store.conversations() == ["other"] and d.state_of("other") == other
+    assert sorted(os.listdir(tmp_path)) == files
+    store.close()
+
+
+async def test_bad_conversation_id_is_rejected_by_aload() -> None:
+    d = Demoter(LAST4)
+    with pytest.raises(ConversationIdError):
+        await d.aload("", chat(2), describer(d))
