@@ -97,7 +97,8 @@ class Envelope:
 class RecorderStats:
     """Counters of one Recorder.
 
-    ``queued == delivered + failed + (still queued or in flight) + abandoned`` once closed.
+    Right after close, ``queued == delivered + failed + abandoned`` (an item still in
+    the sink when a timed-out close gave up counts as abandoned, even if it finishes later).
 
     Attributes:
         queued: Items accepted (including outbox leftovers from a previous process).
