@@ -33,6 +33,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar
@@ -130,6 +131,8 @@ class Demoter:
         summarizer: Folds the groups a ``Compact`` policy marks into a running summary,
             off the hot path (see :mod:`demote.summarize`). Without one, ``Compact``
             behaves as bulk eviction at ``limit + 2 * compact_count``.
+        lease_ttl: Seconds a delivery lease lasts on stores shared across processes
+            (Redis, Postgres), so a crashed worker cannot hold a conversation forever.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class Demoter:
         on_hook_error: Literal["log", "raise"] = "log",
         hook_timeout: float | None = None,
         summarizer: object | None = None,
+        lease_ttl: float = 30.0,
     ) -> None:
         if not isinstance(policy, SlidingWindow):
             raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
@@ -163,6 +167,8 @@ class Demoter:
         self._lock = threading.Lock()
         self._gates: dict[str, object] = {}
         self._compacting: dict[str, object] = {}
+        self._instance = uuid.uuid4().hex
+        self.lease_ttl = lease_ttl
         self._epochs: dict[str, int] = {}
         self._epoch_clock = itertools.count(1)  # epochs are never reused, even after forget
         self._views: dict[str, _View] = {}
@@ -230,10 +236,10 @@ class Demoter:
         cid = validate_conversation_id(conversation_id)
         token = object()
         with self._lock:
-            epoch = self._epochs.setdefault(cid, next(self._epoch_clock))
-            holder = cid not in self._gates
-            if holder:
-                self._gates[cid] = token
+            epoch = self._epochs.get(cid)
+            if epoch is None:
+                epoch = self._epochs[cid] = next(self._epoch_clock)
+        holder = self._try_gate(cid, token)
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
@@ -295,7 +301,8 @@ class Demoter:
                         raise
             return self._window(cid, messages, p.pinned, p.window_start, new_state.summary, demoted)
         finally:
-            self._release(self._gates, cid, token)
+            if holder:
+                self._release_gate(cid, token)
 
     def _compact(
         self,
@@ -333,9 +340,9 @@ class Demoter:
                 return
             for _ in range(_GATE_POLLS):
                 with self._lock:
-                    holder = cid not in self._gates and self._epochs.get(cid) == epoch
-                    if holder:
-                        self._gates[cid] = gate
+                    if self._epochs.get(cid) != epoch:
+                        return
+                holder = self._try_gate(cid, gate)
                 if holder:
                     break
                 yield Sleep(_GATE_POLL_SECONDS)
@@ -361,8 +368,34 @@ class Demoter:
             self._commit(cid, epoch, compacted, replace(compacted, delivered=hi))
         finally:
             if holder:
-                self._release(self._gates, cid, gate)
+                self._release_gate(cid, gate)
             self._release(self._compacting, cid, token)
+
+    def _try_gate(self, cid: str, token: object) -> bool:
+        """Take the conversation's in-flight gate, and the store's lease if it has them."""
+        with self._lock:
+            if cid in self._gates:
+                return False
+            self._gates[cid] = token
+        acquire = getattr(self.state, "acquire_lease", None)
+        if acquire is None:
+            return True
+        try:
+            leased = bool(acquire(cid, f"{self._instance}:{id(token)}", self.lease_ttl))
+        except BaseException:
+            self._release(self._gates, cid, token)
+            raise
+        if not leased:
+            self._release(self._gates, cid, token)
+        return leased
+
+    def _release_gate(self, cid: str, token: object) -> None:
+        release = getattr(self.state, "release_lease", None)
+        try:
+            if release is not None:
+                release(cid, f"{self._instance}:{id(token)}")
+        finally:
+            self._release(self._gates, cid, token)
 
     def _release(self, slots: dict[str, object], cid: str, token: object) -> None:
         with self._lock:

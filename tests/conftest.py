@@ -41,3 +41,44 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Any connection to a non-loopback address fails the calling code at once."""
     monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
     yield
+
+
+def _service_url(name: str) -> str:
+    """The URL of a test service, or skip (fail under CI, where services are required)."""
+    var = f"DEMOTE_TEST_{name.upper()}_URL"
+    url = os.environ.get(var)
+    required = os.environ.get("DEMOTE_TEST_REQUIRE_SERVICES") == "1"
+    if not url:
+        if required:
+            pytest.fail(f"{var} is not set but DEMOTE_TEST_REQUIRE_SERVICES=1")
+        pytest.skip(f"{var} not set: {name} tests need a running {name} (.ci/run sets it)")
+    return url
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """``DEMOTE_TEST_REDIS_URL``; a flushed database for the test."""
+    url = _service_url("redis")
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.ping()
+        client.flushdb()
+        client.close()
+    except Exception as exc:
+        pytest.fail(f"redis at {url} is unreachable: {exc}")
+    return url
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """``DEMOTE_TEST_POSTGRES_URL``, checked reachable."""
+    url = _service_url("postgres")
+    try:
+        import psycopg
+
+        psycopg.connect(url, connect_timeout=5).close()
+    except Exception as exc:
+        pytest.fail(f"postgres at {url} is unreachable: {exc}")
+    return url
