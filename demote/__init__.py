@@ -4,6 +4,7 @@ The shared, framework-free core. Adapters live in ``langchain_demote`` and
 ``llamaindex_demote``; nothing here imports LangChain, LlamaIndex or mem0.
 """
 
+from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
 from demote.engine import Demoter, Window
 from demote.errors import (
     ConfigError,
@@ -27,9 +28,17 @@ from demote.records import (
     MessageRecord,
     Recalled,
 )
-from demote.state import InMemoryStateStore, SQLiteStateStore, StateStore
+from demote.state import (
+    InMemoryStateStore,
+    PostgresStateStore,
+    RedisStateStore,
+    SQLiteStateStore,
+    StateStore,
+)
+from demote.summarize import ModelSummarizer, TemplateSummarizer
 
 __all__ = [
+    "AsyncRecorder",
     "Bulk",
     "CallbackHook",
     "CapturedTurn",
@@ -47,15 +56,21 @@ __all__ = [
     "InMemoryStateStore",
     "MessageRecord",
     "MissingExtraError",
+    "ModelSummarizer",
     "NoopHook",
     "PerItem",
     "Plan",
+    "PostgresStateStore",
     "Recalled",
+    "Recorder",
+    "RedisStateStore",
+    "SQLiteOutbox",
     "SQLiteStateStore",
     "SlidingWindow",
     "StateStore",
     "StoreError",
     "SummarizerError",
+    "TemplateSummarizer",
     "TranscriptError",
     "Window",
     "plan",
