@@ -88,7 +88,7 @@ POLICIES: dict[str, SlidingWindow] = {
     "tokens-bulk": SlidingWindow.last_tokens(120, eviction=Bulk(overflow=60)),
 }
 
-_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
+_WORDS: tuple[str, ...] = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
 _WORDS += ("golf", "hotel", "india", "juliet", "kilo", "lima")
 
 

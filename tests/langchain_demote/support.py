@@ -56,7 +56,12 @@ def to_pairs(messages: Sequence[BaseMessage]) -> list[Pair]:
 
 
 def from_pair(role: str, text: str) -> BaseMessage:
-    return {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}[role](text)
+    kinds: dict[str, type[BaseMessage]] = {
+        "system": SystemMessage,
+        "user": HumanMessage,
+        "assistant": AIMessage,
+    }
+    return kinds[role](content=text)
 
 
 def tool_exchange(user: str, call_ids: list[str], answer: str) -> list[BaseMessage]:

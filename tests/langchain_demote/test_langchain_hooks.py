@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
@@ -112,8 +113,12 @@ async def test_retriever_over_sqlite_archive_in_a_chain(tmp_path: Path) -> None:
         archive.deliver(batch("c", "we hiked the alps in june", "the tent leaked", start=0))
         archive.deliver(batch("other", "alps alps alps"))
         retriever = archive_retriever(archive, "c", k=3)
+
+        def texts(state: dict[str, Any]) -> list[str]:
+            return [d.page_content for d in state["context"]]
+
         chain = RunnablePassthrough.assign(context=itemgetter("question") | retriever) | (
-            RunnableLambda(lambda x: [d.page_content for d in x["context"]])
+            RunnableLambda(texts)
         )
         assert chain.invoke({"question": "when did we hike the alps?"})[0] == (
             "we hiked the alps in june"
