@@ -210,3 +210,37 @@ def test_with_demotion_over_history_factory_config() -> None:
     assert len(store[("u", "c")].messages) == 8
     assert to_pairs(model.seen[-1][:-1]) == to_pairs(store[("u", "c")].messages[4:6])
     assert demoter.state_of(expected).window_start == 4  # as of the last read
+
+
+class FlakyHook(RecordingHook):
+    """Fails every other delivery (the engine logs it and retries on the next load)."""
+
+    calls = 0
+
+    def deliver(self, batch: Any) -> None:
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("sink down")
+        super().deliver(batch)
+
+
+def test_window_does_not_change_between_the_two_reads_of_a_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """List input: the end-of-turn read must slice like the first, even if a retry lands."""
+    hook = FlakyHook()
+    demoter = Demoter(SlidingWindow.last_messages(2), hook)  # on_hook_error="log"
+    store = InMemoryChatMessageHistory()
+
+    def get_session_history(session_id: str) -> BaseChatMessageHistory:
+        return store
+
+    chain = RunnableWithMessageHistory(
+        RecordingChatModel(), with_demotion(get_session_history, demoter)
+    )
+    config = {"configurable": {"session_id": "flaky"}}
+    for i in range(8):
+        chain.invoke([HumanMessage(f"q{i}")], config=config)  # type: ignore[arg-type]
+    assert [m.content for m in store.messages[::2]] == [f"q{i}" for i in range(8)]
+    assert len(store.messages) == 16, "no message stored twice"
+    assert hook.calls > len(hook.batches) > 0 and "sink down" in caplog.text
