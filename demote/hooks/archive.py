@@ -1,0 +1,443 @@
+"""The embedded default long-tail store: a SQLite file with full-text recall.
+
+Schema (``PRAGMA user_version = 1``)::
+
+    messages(id INTEGER PRIMARY KEY, conversation_id, idx, role, text, context, key, scope)
+        UNIQUE (conversation_id, key)      -- re-delivery stores nothing twice
+        INDEX  (conversation_id, idx)      -- messages() in order, neighbours
+    messages_fts USING fts5(scope, text, context,
+                            content='messages', content_rowid='id',
+                            tokenize='porter unicode61')
+
+``messages_fts`` is an external-content FTS5 index over ``messages``, kept in step by
+insert and delete triggers, so the text is stored once. ``scope`` is a hex digest of the
+conversation id, indexed as one token: a search matches ``scope`` *and* the query, so FTS5
+itself narrows the posting lists to one conversation, and the join on ``conversation_id``
+keeps that strict. Conversation ids only ever travel as bound parameters and never name a
+file or table. ``context`` is an optional per-message string (a speaker name, a date)
+produced by the ``context`` callable given to :class:`SQLiteArchive`; it is indexed with
+its own weight but never returned as message text.
+
+Ranking: the query is split into plain terms, English stop words are dropped, each term is
+quoted (so user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (with
+porter stemming, so "running" finds "runs") picks a pool of candidates; each candidate's
+score is then ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
+``s = bm25 * (1 + coverage * c)``, where ``c`` is the IDF-weighted share of the query's
+distinct terms the message contains and ``q`` is 2 when message ``i-1`` asks a question
+(contains "?"), else 1. Coverage prefers a message that matches the whole query over one
+that repeats a single word; the neighbour term lifts a reply whose question matched, since
+in a dialogue the words of a question ("which team did you sign with?") are often in the
+turn before its answer ("The Minnesota Wolves!"). Scores are higher-better
+and comparable within one search only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Self
+
+from demote.errors import ConfigError, ConversationIdError, StoreError
+from demote.hooks._fts import STOP_WORDS, match_any, query_terms, quote
+from demote.records import DemotedMessage, Demotion, Recalled
+
+__all__ = ["SQLiteArchive"]
+
+_SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    text TEXT NOT NULL,
+    context TEXT NOT NULL DEFAULT '',
+    key TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    UNIQUE (conversation_id, key)
+);
+CREATE INDEX IF NOT EXISTS messages_conversation_idx ON messages (conversation_id, idx);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
+    scope, text, context,
+    content='messages', content_rowid='id', tokenize='porter unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, scope, text, context)
+    VALUES (new.id, new.scope, new.text, new.context);
+END;
+CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, scope, text, context)
+    VALUES ('delete', old.id, old.scope, old.text, old.context);
+END;
+"""
+
+#: Produces the optional context string indexed with a message (``None`` for none).
+ContextFn = Callable[[DemotedMessage], str | None]
+
+
+def _check_id(conversation_id: object) -> str:
+    if not isinstance(conversation_id, str):
+        raise ConversationIdError(
+            f"conversation_id must be a str, got {type(conversation_id).__name__}"
+        )
+    if not conversation_id:
+        raise ConversationIdError("conversation_id must not be empty")
+    try:
+        conversation_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConversationIdError("conversation_id is not valid Unicode text") from exc
+    return conversation_id
+
+
+def _scope(conversation_id: str) -> str:
+    # One alphanumeric token, so unicode61 indexes it whole, whatever the id contains.
+    return "c" + hashlib.blake2b(conversation_id.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _clean(text: str) -> str:
+    # Lone surrogates cannot be stored as UTF-8; keep the rest of the text.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+class SQLiteArchive:
+    """A demotion hook that stores demoted messages in SQLite and recalls them by text.
+
+    Thread-safe: one connection (WAL mode, ``busy_timeout``) behind a lock, so several
+    threads may deliver and search at once; other processes may open the same file.
+
+    Example::
+
+        with SQLiteArchive("archive.db") as archive:
+            archive.deliver(batch)
+            hits = archive.search("chat-1", "where did we go hiking?", k=5)
+
+    Args:
+        path: The database file (created if missing; its directory must exist), or
+            ``":memory:"``.
+        context: Called with each delivered message; the string it returns (a speaker
+            name, a date, a title) is indexed alongside the text and searched with weight
+            ``context_weight``. ``None`` (the default) indexes the text only.
+        context_weight: BM25 weight of the context column relative to the text (1.0).
+        coverage: How much a message gains for containing more of the query's distinct
+            terms (IDF-weighted); ``0`` ranks by plain BM25.
+        neighbours: Share of the preceding message's score added to a message's score
+            (doubled when the preceding message asks a question; half as much comes from
+            the following message); ``0`` scores each message alone.
+        pool: How many BM25 candidates are re-scored per search (at least ``k``).
+        stop_words: Lowercased words dropped from queries.
+        timeout: Seconds to wait for a lock held by another connection.
+
+    Raises:
+        StoreError: The file cannot be opened or is not a compatible archive.
+        ConfigError: An option is out of range.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        context: ContextFn | None = None,
+        context_weight: float = 1.0,
+        coverage: float = 1.0,
+        neighbours: float = 0.4,
+        pool: int = 50,
+        stop_words: Iterable[str] = STOP_WORDS,
+        timeout: float = 5.0,
+    ) -> None:
+        for name, value in (
+            ("context_weight", context_weight),
+            ("coverage", coverage),
+            ("neighbours", neighbours),
+            ("timeout", timeout),
+        ):
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+        if pool < 1:
+            raise ConfigError(f"pool must be >= 1, got {pool!r}")
+        self._context = context
+        self._weights = (0.0, 1.0, float(context_weight))
+        self._coverage = float(coverage)
+        self._neighbours = float(neighbours)
+        self._pool = pool
+        self._stop_words = frozenset(w.lower() for w in stop_words)
+        self._lock = threading.RLock()
+        self._closed = False
+        try:
+            self._db = sqlite3.connect(
+                os.fspath(path), timeout=timeout, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open archive {os.fspath(path)!r}: {exc}") from exc
+        try:
+            self._setup(timeout)
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise StoreError(f"cannot use archive {os.fspath(path)!r}: {exc}") from exc
+        except StoreError:
+            self._db.close()
+            raise
+
+    def _setup(self, timeout: float) -> None:
+        db = self._db
+        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, _SCHEMA_VERSION):
+            raise StoreError(
+                f"archive schema version {version} is not supported (expected {_SCHEMA_VERSION})"
+            )
+        try:
+            db.executescript(
+                f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {_SCHEMA_VERSION};COMMIT;"
+            )
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and translate backend errors into :class:`StoreError`."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"cannot {what}: the archive is closed")
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot {what}: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._locked(what) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    # -- the hook -----------------------------------------------------------------------
+
+    def deliver(self, batch: Demotion) -> None:
+        """Store every message of ``batch`` in one transaction; known keys are skipped.
+
+        Args:
+            batch: Messages demoted from one conversation.
+
+        Raises:
+            ConversationIdError: ``batch.conversation_id`` is empty or not a string
+                (nothing is stored).
+            StoreError: SQLite failed; nothing of the batch is stored.
+        """
+        conversation_id = _check_id(batch.conversation_id)
+        scope = _scope(conversation_id)
+        rows = []
+        for message in batch.messages:
+            context = self._context(message) if self._context is not None else None
+            rows.append(
+                (
+                    conversation_id,
+                    int(message.index),
+                    str(message.role),
+                    _clean(message.text),
+                    _clean(context or ""),
+                    str(message.key),
+                    scope,
+                )
+            )
+        if not rows:
+            return
+        with self._transaction("store a demotion") as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO messages "
+                "(conversation_id, idx, role, text, context, key, scope) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    # -- recall -------------------------------------------------------------------------
+
+    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
+        """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``.
+
+        Args:
+            conversation_id: The conversation to search; no other is ever read.
+            query: Free text; it is never interpreted as FTS5 syntax.
+            k: How many messages to return at most.
+
+        Returns:
+            Best first; empty when the query has no searchable terms or nothing matches.
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            StoreError: SQLite failed.
+        """
+        conversation_id = _check_id(conversation_id)
+        if k < 1:
+            return []
+        terms = query_terms(query, self._stop_words)
+        if not terms:
+            return []
+        scope = _scope(conversation_id)
+        columns = ("text", "context") if self._weights[2] > 0 else ("text",)
+        expression = f"scope : {quote(scope)} AND {match_any(terms, columns)}"
+        with self._locked("search the archive") as db:
+            rows = db.execute(
+                "SELECT m.id, m.idx, m.role, m.text, m.key, "
+                "-bm25(messages_fts, ?, ?, ?) AS score "
+                "FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid "
+                "WHERE messages_fts MATCH ? AND m.conversation_id = ? "
+                "ORDER BY score DESC, m.idx LIMIT ?",
+                (*self._weights, expression, conversation_id, max(self._pool, k)),
+            ).fetchall()
+            if not rows:
+                return []
+            coverage = (
+                self._term_coverage(db, scope, terms, columns, [r[0] for r in rows])
+                if self._coverage > 0 and len(terms) > 1
+                else {}
+            )
+        base = {r[1]: r[5] * (1.0 + self._coverage * coverage.get(r[0], 0.0)) for r in rows}
+        asks = {r[1] for r in rows if "?" in r[3]}
+        scored = []
+        for _, idx, role, text, key, _ in rows:
+            # A reply inherits from the turn it answers (twice as much from a question),
+            # and a turn gets half as much from its reply.
+            before = base.get(idx - 1, 0.0) * (2.0 if idx - 1 in asks else 1.0)
+            lift = self._neighbours * (before + 0.5 * base.get(idx + 1, 0.0))
+            scored.append(
+                Recalled(role=role, text=text, index=idx, key=key, score=base[idx] + lift)
+            )
+        scored.sort(key=lambda r: (-r.score, r.index))
+        return scored[:k]
+
+    def _term_coverage(
+        self,
+        db: sqlite3.Connection,
+        scope: str,
+        terms: list[str],
+        columns: tuple[str, ...],
+        ids: list[int],
+    ) -> dict[int, float]:
+        """For each candidate id, the IDF-weighted share of ``terms`` it contains."""
+        placeholders = ",".join("?" * len(ids))
+        total = db.execute(
+            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?",
+            (f"scope : {quote(scope)}",),
+        ).fetchone()[0]
+        hits: dict[int, float] = {}
+        weight_sum = 0.0
+        for term in terms:
+            expression = f"scope : {quote(scope)} AND {match_any([term], columns)}"
+            df = db.execute(
+                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (expression,)
+            ).fetchone()[0]
+            if df == 0:
+                continue
+            idf = math.log(1.0 + (total - df + 0.5) / (df + 0.5))
+            weight_sum += idf
+            for (row_id,) in db.execute(
+                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
+                f"AND rowid IN ({placeholders})",
+                (expression, *ids),
+            ):
+                hits[row_id] = hits.get(row_id, 0.0) + idf
+        if weight_sum == 0:
+            return {}
+        return {row_id: w / weight_sum for row_id, w in hits.items()}
+
+    # -- reading and housekeeping -------------------------------------------------------
+
+    def messages(self, conversation_id: str) -> list[Recalled]:
+        """Every stored message of ``conversation_id``, in index order (score ``0``)."""
+        conversation_id = _check_id(conversation_id)
+        with self._locked("read the archive") as db:
+            rows = db.execute(
+                "SELECT idx, role, text, key FROM messages WHERE conversation_id = ? "
+                "ORDER BY idx, id",
+                (conversation_id,),
+            ).fetchall()
+        return [Recalled(role=role, text=text, index=idx, key=key) for idx, role, text, key in rows]
+
+    def count(self, conversation_id: str | None = None) -> int:
+        """How many messages are stored: in ``conversation_id``, or in all conversations."""
+        with self._locked("count archived messages") as db:
+            if conversation_id is None:
+                row = db.execute("SELECT count(*) FROM messages").fetchone()
+            else:
+                row = db.execute(
+                    "SELECT count(*) FROM messages WHERE conversation_id = ?",
+                    (_check_id(conversation_id),),
+                ).fetchone()
+        return int(row[0])
+
+    def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` are stored for ``conversation_id``.
+
+        The engine asks this after a history rewrite, to skip messages already archived.
+        """
+        conversation_id = _check_id(conversation_id)
+        wanted = list(dict.fromkeys(str(key) for key in keys))
+        found: set[str] = set()
+        with self._locked("look up archived keys") as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    key
+                    for (key,) in db.execute(
+                        f"SELECT key FROM messages WHERE conversation_id = ? AND key IN ({marks})",
+                        (conversation_id, *chunk),
+                    )
+                )
+        return found
+
+    def conversations(self) -> list[str]:
+        """The ids of every conversation with stored messages, sorted."""
+        with self._locked("list archived conversations") as db:
+            rows = db.execute(
+                "SELECT DISTINCT conversation_id FROM messages ORDER BY conversation_id"
+            ).fetchall()
+        return [conversation_id for (conversation_id,) in rows]
+
+    def delete(self, conversation_id: str) -> int:
+        """Remove every stored message of ``conversation_id``; returns how many."""
+        conversation_id = _check_id(conversation_id)
+        with self._transaction("delete a conversation") as db:
+            cursor = db.execute(
+                "DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)
+            )
+            return cursor.rowcount
+
+    def close(self) -> None:
+        """Close the connection; further calls raise :class:`StoreError`. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
