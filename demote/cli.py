@@ -1,0 +1,206 @@
+"""The ``demote`` command line: ``demo``, ``replay``, ``inspect`` and ``search``.
+
+Argument parsing only; each subcommand calls one function of :mod:`demote.demo` or
+:mod:`demote.commands`. Every user error (a bad policy, a missing file, an unreadable
+transcript line) is printed as one line, ``demote: error: ...``, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from demote.errors import DemoteError
+
+__all__ = ["build_parser", "main"]
+
+_POLICY_HELP = (
+    "a window policy as JSON, e.g. "
+    '\'{"unit": "tokens", "limit": 4000, "eviction": {"kind": "bulk", "overflow": 1000}}\''
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``demote: error: ...`` (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print one line naming the problem and exit with status 2."""
+        sub = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"demote: error: {sub}{message} (see {self.prog} --help)\n")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from demote.demo import DemoOptions, run_demo
+
+    run_demo(
+        DemoOptions(
+            directory=Path(args.dir),
+            locomo=None if args.locomo is None else Path(args.locomo),
+            strategy=args.strategy,
+            policy=args.policy,
+            model=args.model,
+            turns=args.turns,
+            progress=not args.no_progress,
+        )
+    )
+
+
+def _replay(args: argparse.Namespace) -> None:
+    from demote.commands import parse_policies, replay_transcript
+
+    replay_transcript(
+        args.transcript,
+        parse_policies(args.policy or []),
+        sys.stdout,
+        format=args.format,
+        plot=args.plot,
+        k=args.k,
+        system_prompt_tokens=args.system_prompt_tokens,
+    )
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from demote.commands import inspect_stores
+
+    inspect_stores(
+        sys.stdout,
+        state=args.state,
+        archive=args.archive,
+        outbox=args.outbox,
+        conversation=args.conversation,
+    )
+
+
+def _search(args: argparse.Namespace) -> None:
+    from demote.commands import search_archive
+
+    search_archive(sys.stdout, args.archive, args.conversation, args.query, args.k)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``demote`` argument parser (subcommands: demo, replay, inspect, search)."""
+    parser = _Parser(
+        prog="demote",
+        description="A bounded active window for LangChain and LlamaIndex chats; what falls "
+        "out is demoted, exactly once, to a long-tail store.",
+    )
+    subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = subs.add_parser(
+        "demo",
+        help="replay a long chat through LangChain and LlamaIndex, offline",
+        description="Replay a long conversation through a LangChain RunnableWithMessageHistory "
+        "chain (with_demotion) and a LlamaIndex chat engine (DemotingMemory), with SQLite "
+        "state and archive in --dir; ask about an early fact at the end. Offline: no server, "
+        "no key. Run it again to continue from the stored state.",
+    )
+    demo.add_argument("--dir", default="demote-demo", help="demo folder (default: ./demote-demo)")
+    demo.add_argument("--locomo", metavar="PATH", help="play a LoCoMo conversation file instead")
+    demo.add_argument(
+        "--strategy",
+        choices=("per_item", "bulk", "compact"),
+        default="bulk",
+        help="eviction strategy of the default 1200-token window (default: bulk)",
+    )
+    demo.add_argument("--policy", metavar="JSON", help=_POLICY_HELP + " (overrides --strategy)")
+    demo.add_argument(
+        "--model",
+        metavar="PROVIDER:MODEL",
+        help="a real model for the LangChain part (anything init_chat_model accepts; "
+        "needs its package and API key)",
+    )
+    demo.add_argument(
+        "--turns", type=int, metavar="N", help="turns to play this run (default: all)"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.set_defaults(run=_demo)
+
+    rep = subs.add_parser(
+        "replay",
+        help="replay a transcript under window policies and compare them",
+        description="Replay a transcript (JSONL of {role, content}, LangChain messages_to_dict "
+        "output, or a LoCoMo JSON file) under one or more policies: window sizes, demotions, "
+        "guaranteed context, relative prompt-cache cost, recall hit rate (with questions).",
+    )
+    rep.add_argument("transcript", help="the transcript file")
+    rep.add_argument(
+        "--policy", action="append", metavar="JSON", help=_POLICY_HELP + "; repeatable"
+    )
+    rep.add_argument(
+        "--format",
+        choices=("auto", "jsonl", "langchain", "locomo"),
+        default="auto",
+        help="transcript format (default: auto)",
+    )
+    rep.add_argument(
+        "--plot", metavar="FILE.png", help="plot window tokens over turns (needs demote[plot])"
+    )
+    rep.add_argument("-k", type=int, default=5, help="recall depth for the hit rate (default: 5)")
+    rep.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=200,
+        metavar="N",
+        help="size of the system prompt priced with every call (default: 200)",
+    )
+    rep.set_defaults(run=_replay)
+
+    ins = subs.add_parser(
+        "inspect",
+        help="show conversations in a state store and archive",
+        description="Per conversation: window start, watermark, pinned messages, archived "
+        "count, summary length; with --outbox, pending items and dead letters.",
+    )
+    ins.add_argument("--state", metavar="state.db", help="an SQLiteStateStore file")
+    ins.add_argument("--archive", metavar="archive.db", help="an SQLiteArchive file")
+    ins.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
+    ins.add_argument("conversation", nargs="?", help="only this conversation")
+    ins.set_defaults(run=_inspect)
+
+    sea = subs.add_parser(
+        "search",
+        help="show what recall returns from an archive",
+        description="Search the archived messages of one conversation, as recall would.",
+    )
+    sea.add_argument("--archive", required=True, metavar="archive.db", help="an SQLiteArchive file")
+    sea.add_argument("conversation", help="the conversation id")
+    sea.add_argument("query", help="the text to search for")
+    sea.add_argument("-k", type=int, default=5, help="how many messages (default: 5)")
+    sea.set_defaults(run=_search)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``demote`` command line; returns the exit status.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        ``0`` on success, ``2`` for a user error, ``1`` for anything unexpected
+        (set ``DEMOTE_DEBUG=1`` to see its traceback), ``130`` when interrupted.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (DemoteError, OSError) as exc:
+        print(f"demote: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("demote: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("DEMOTE_DEBUG"):
+            traceback.print_exc()
+        print(f"demote: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

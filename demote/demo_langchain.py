@@ -1,0 +1,216 @@
+"""The LangChain side of the demo: an offline chat model, a file history, the chain.
+
+Imported lazily by :mod:`demote.demo` (and by the notebooks), so ``import demote`` never
+imports LangChain. Everything here is ordinary LangChain: an existing
+``RunnableWithMessageHistory`` chain gains demotion only by wrapping its history factory
+with :func:`langchain_demote.with_demotion`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+try:
+    from langchain_core._api.deprecation import LangChainDeprecationWarning
+    from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        SystemMessage,
+        messages_from_dict,
+        messages_to_dict,
+    )
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.prompt_values import PromptValue
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.runnables import (
+        Runnable,
+        RunnableConfig,
+        RunnableLambda,
+        RunnablePassthrough,
+    )
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+    from pydantic import ConfigDict
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    from demote.errors import MissingExtraError
+
+    raise MissingExtraError("langchain-core", "langchain") from exc
+
+from demote.demo import RECALL_HEADER
+from demote.errors import StoreError
+from demote.hooks.base import Recall
+from demote.offline import OfflineResponder
+from demote.records import Recalled
+from langchain_demote.messages import message_role, message_text
+
+__all__ = [
+    "RECALL_HEADER",
+    "SYSTEM_PROMPT",
+    "JSONLChatMessageHistory",
+    "OfflineChatModel",
+    "build_chain",
+    "pairs",
+]
+
+#: The system prompt of the demo chain.
+SYSTEM_PROMPT = (
+    "You are a friendly everyday assistant. Answer briefly. When a system message lists "
+    "messages from earlier in the conversation, use them."
+)
+
+#: Observes one model call: ``(prompt as (role, text) pairs)``.
+PromptObserver = Callable[[list[tuple[str, str]]], None]
+
+
+def pairs(messages: Iterable[BaseMessage]) -> list[tuple[str, str]]:
+    """LangChain messages as ``(role, text)`` pairs in the core's role names."""
+    return [(message_role(m), message_text(m)) for m in messages]
+
+
+class OfflineChatModel(BaseChatModel):
+    """A LangChain chat model that answers only from its prompt (no network, no key).
+
+    It wraps an :class:`~demote.offline.OfflineResponder`: recorded replies of a replayed
+    conversation are said as written; any other question gets the most relevant line of
+    the prompt, quoted.
+
+    Example::
+
+        model = OfflineChatModel(responder=OfflineResponder())
+        model.invoke([SystemMessage("- user: my locker code is 4512"),
+                      HumanMessage("What is my locker code?")]).content
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    responder: OfflineResponder
+
+    @property
+    def _llm_type(self) -> str:
+        return "demote-offline"
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        text = self.responder.reply(pairs(messages))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(text))])
+
+
+class JSONLChatMessageHistory(BaseChatMessageHistory):
+    """A chat history in a JSONL file (one ``messages_to_dict`` item per line).
+
+    The file is read once; appends write one line each, so a long chat costs nothing per
+    turn. Use one instance per file at a time.
+
+    Args:
+        path: The file (created on the first append).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._messages: list[BaseMessage] = []
+        if self.path.exists():
+            try:
+                lines = self.path.read_text(encoding="utf-8").splitlines()
+                items = [json.loads(line) for line in lines if line.strip()]
+                self._messages = messages_from_dict(items)
+            except (OSError, ValueError, KeyError) as exc:
+                raise StoreError(f"cannot read chat history {self.path}: {exc}") from exc
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """Every stored message (a new list)."""
+        return list(self._messages)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Append ``messages`` to the file and to memory."""
+        messages = list(messages)
+        with self.path.open("a", encoding="utf-8") as f:
+            for item in messages_to_dict(messages):
+                f.write(json.dumps(item, ensure_ascii=False) + "\n")
+        self._messages.extend(messages)
+
+    def clear(self) -> None:
+        """Delete every message (the file is emptied)."""
+        self.path.write_text("", encoding="utf-8")
+        self._messages = []
+
+
+def _recall_messages(archive: Recall, k: int, last: list[list[Recalled]]) -> Runnable[Any, Any]:
+    def recall(inputs: dict[str, Any], config: RunnableConfig) -> list[BaseMessage]:
+        session = config.get("configurable", {}).get("session_id", "")
+        hits = archive.search(session, str(inputs["question"]), k) if session else []
+        last[:] = [hits]
+        if not hits:
+            return []
+        unique = {(r.role, r.text): r for r in sorted(hits, key=lambda r: -r.index)}
+        ordered = sorted(unique.values(), key=lambda r: r.index)
+        lines = "\n".join(f"- {r.role}: {r.text}" for r in ordered)
+        return [SystemMessage(f"{RECALL_HEADER}\n{lines}")]
+
+    return RunnableLambda(recall)
+
+
+def build_chain(
+    model: Runnable[Any, Any],
+    get_session_history: Callable[[str], BaseChatMessageHistory],
+    *,
+    recall: Recall | None = None,
+    recall_k: int = 3,
+    observe: PromptObserver | None = None,
+    last_recall: list[list[Recalled]] | None = None,
+) -> RunnableWithMessageHistory:
+    """The demo chain: prompt (system, history, recall, question) | model, with history.
+
+    Args:
+        model: Any chat model (the offline one, or ``init_chat_model(...)``).
+        get_session_history: The history factory (wrap it with ``with_demotion``).
+        recall: Where recalled messages come from (``SQLiteArchive``); none if omitted.
+        recall_k: How many recalled messages go into the prompt.
+        observe: Called with each prompt, as ``(role, text)`` pairs, before the model.
+        last_recall: A list whose only item is set to the latest recall's hits.
+
+    Returns:
+        A ``RunnableWithMessageHistory`` taking ``{"question": ...}``.
+    """
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", SYSTEM_PROMPT),
+            MessagesPlaceholder("history"),
+            MessagesPlaceholder("recall", optional=True),
+            ("human", "{question}"),
+        ]
+    )
+    holder: list[list[Recalled]] = last_recall if last_recall is not None else []
+    steps: Runnable[Any, Any] = prompt
+    if recall is not None:
+        steps = RunnablePassthrough.assign(recall=_recall_messages(recall, recall_k, holder))
+        steps = steps | prompt
+    if observe is not None:
+        seen = observe
+
+        def watch(value: PromptValue) -> PromptValue:
+            seen(pairs(value.to_messages()))
+            return value
+
+        steps = steps | RunnableLambda(watch)
+    with warnings.catch_warnings():
+        # Deprecated in LangChain 1.x in favour of LangGraph persistence, still widely used:
+        # the point of the demo is that an existing chain of this kind gains demotion.
+        warnings.simplefilter("ignore", LangChainDeprecationWarning)
+        return RunnableWithMessageHistory(
+            steps | model,
+            get_session_history,
+            input_messages_key="question",
+            history_messages_key="history",
+        )
