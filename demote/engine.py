@@ -284,6 +284,8 @@ class Demoter:
                 return self._window(
                     cid, messages, p.pinned, p.window_start, new_state.summary, demoted
                 )
+            if changed:
+                stored = new_state
             if p.compact is not None and self.summarizer is not None:
                 job_token = object()
                 with self._lock:
@@ -292,7 +294,7 @@ class Demoter:
                         self._compacting[cid] = job_token
                 if idle:
                     job = self._compact(
-                        cid, job_token, epoch, new_state, records, base, p, messages
+                        cid, job_token, epoch, stored, new_state, records, base, p, messages
                     )
                     try:
                         yield Spawn(job, self._background, self._background_lock)
@@ -309,6 +311,7 @@ class Demoter:
         cid: str,
         token: object,
         epoch: int,
+        expected: ConversationState | None,
         state: ConversationState,
         records: list[MessageRecord],
         base: int,
@@ -356,7 +359,7 @@ class Demoter:
                 window_start=hi,
                 anchor=records[hi - 1 - base].fingerprint,
             )
-            if not self._commit(cid, epoch, state, compacted):
+            if not self._commit(cid, epoch, expected, compacted):
                 return
             batch = self._batch(cid, messages, records, base, range(state.delivered, hi))
             if batch.messages:

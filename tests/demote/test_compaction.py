@@ -317,3 +317,14 @@ TestCompactionMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_first_load_without_pinned_messages_still_commits_its_summary() -> None:
+    # Regression: with no state stored yet and nothing else to commit, the summary's
+    # compare-and-set must expect "no state", not an empty one.
+    d = Demoter(POLICY, KeyStore(), summarizer=TemplateSummarizer())
+    hist = conversation(6)[1:]  # no system message
+    d.load("c", hist, describe(d))  # type: ignore[arg-type]
+    assert d.drain(5)
+    assert d.state_of("c").summary is not None
+    assert d.state_of("c").window_start == 4
