@@ -55,6 +55,13 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, NotRequired, TypedDict, cast, overload
 
+try:
+    import langchain.agents  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    from demote.errors import MissingExtraError
+
+    raise MissingExtraError("langchain", "agents") from exc
+
 from langchain.agents.middleware.types import (
     AgentMiddleware,
     AgentState,
@@ -300,7 +307,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         recall_k: How many recalled messages to send at most.
         conversation_id: Names the conversation from the model node's runtime; the
             LangGraph thread id by default. Two agents sharing a thread need distinct
-            names (``lambda rt: f"{rt.execution_info.thread_id}/researcher"``).
+            names (``lambda rt: thread_conversation_id(rt) + "/researcher"``).
         prune_state: Remove messages from the agent state once the hook has accepted
             them (the default keeps the full history in the checkpoint).
 
