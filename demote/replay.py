@@ -18,10 +18,14 @@ The *guaranteed context* of a run is the smallest window, in tokens, seen after 
 first stopped holding the whole conversation: what the model can count on once the
 conversation is long.
 
-``Compact``: the engine does not run a summarizer yet (it falls back to bulk eviction at
-``limit + 2 * compact_count``), so while it returns no summary the replay stands in a
-summary message of ``summary_tokens`` tokens after the first demotion, whose content
-changes every time the window start moves (as a re-written summary would).
+``Compact``: given a ``summarizer`` (such as
+:class:`~demote.summarize.TemplateSummarizer`), the engine folds the marked groups into a
+running summary in the background; the replay waits for that work after every call
+(:meth:`~demote.Demoter.drain`), as if each summary were ready before the next turn, so
+runs are repeatable. Without a summarizer the engine falls back to bulk eviction at
+``limit + 2 * compact_count``; the replay then stands in a summary message of
+``summary_tokens`` tokens after the first demotion, whose content changes every time the
+window start moves (as a re-written summary would).
 
 :class:`ReplayMeter` is the same bookkeeping for windows produced by something other than
 the engine (the benchmarks feed it LangChain's ``trim_messages`` and LlamaIndex's memory).
@@ -59,7 +63,8 @@ class ReplayResult:
         label: What was replayed (the policy, or the setup's name).
         messages: Messages in the transcript.
         calls: Model calls made (one per user message).
-        demoted: Messages that left the window (delivered to the hook, for the engine).
+        demoted: Messages that left the window (for the engine: delivered to the hook, or
+            folded into the summary and then delivered).
         demotions: Calls at which something left the window (cuts).
         window_messages: ``(min, max)`` window size in messages over all calls.
         window_tokens: ``(min, max)`` window size in tokens over all calls.
@@ -209,6 +214,7 @@ def replay(
     system_prompt_tokens: int = 200,
     hook: object | None = None,
     summary_tokens: int = 200,
+    summarizer: object | None = None,
     label: str | None = None,
     pricings: Iterable[Pricing] = PRICINGS,
     keep_series: bool = True,
@@ -222,8 +228,9 @@ def replay(
         system_prompt_tokens: Size of the stand-in system prompt at the head of every
             prompt (``0`` for none).
         hook: Where demoted messages go (default: nowhere).
-        summary_tokens: Size of the stand-in summary for ``Compact`` (see the module
-            docstring).
+        summary_tokens: Size of the stand-in summary for ``Compact`` without a
+            summarizer (see the module docstring).
+        summarizer: Summarizer for ``Compact`` (passed to the engine).
         label: Name of the run (default: the policy, described).
         pricings: Pricings for the prompt cost.
         keep_series: Keep the per-call window sizes in the result.
@@ -239,13 +246,14 @@ def replay(
     if system_prompt_tokens < 0 or summary_tokens < 0:
         raise ConfigError("system_prompt_tokens and summary_tokens must be >= 0")
     pairs = transcript.messages if isinstance(transcript, Transcript) else transcript
-    demoter = Demoter(policy, hook)
+    demoter = Demoter(policy, hook, summarizer=summarizer)
     meter = ReplayMeter(label or describe_policy(policy), pricings, keep_series=keep_series)
     head: list[tuple[Hashable, int]] = []
     if system_prompt_tokens:
         head.append((SYSTEM_PROMPT_ID, system_prompt_tokens))
-    stub = isinstance(policy.eviction, Compact)
+    stub = isinstance(policy.eviction, Compact) and summarizer is None
     history: list[MessageRecord] = []
+    left = 0  # messages that have left the window (demoted or summarized)
     cumulative = [0]  # cumulative[i]: tokens of history[:i]
     began = time.perf_counter()
     for role, text in pairs:
@@ -256,6 +264,7 @@ def replay(
             continue
         window = demoter.load("replay", history, _identity)
         pinned = len(window.pinned)
+        gone = max(0, window.start - pinned)
         prompt: list[tuple[Hashable, int]] = [*head]
         prompt.extend((r.fingerprint, r.tokens) for r in window.pinned)
         if window.summary is not None:
@@ -269,11 +278,14 @@ def replay(
             prompt,
             window_tokens=cumulative[-1] - cumulative[window.start],
             window_messages=len(window.messages),
-            full=window.start > pinned,
-            demoted=window.demoted,
+            full=gone > 0,
+            demoted=gone - left,
         )
+        left = max(left, gone)
         if on_call is not None:
             on_call(len(history) - 1, window.messages)
+        if summarizer is not None:
+            demoter.drain()
     return meter.result(messages=len(pairs), seconds=time.perf_counter() - began)
 
 

@@ -96,6 +96,31 @@ def test_compact_adds_a_stand_in_summary() -> None:
     assert with_stub.label == "tokens<=300, compact(100)"
 
 
+def test_compact_with_a_summarizer_puts_the_summary_in_the_prompt() -> None:
+    from demote.summarize import TemplateSummarizer
+
+    policy = SlidingWindow.last_tokens(300, eviction=Compact(compact_count=100))
+    seen: list[int] = []
+
+    def collect(batch: Demotion) -> None:
+        seen.extend(m.index for m in batch.messages)
+
+    result = replay(
+        chat(200),
+        policy,
+        summarizer=TemplateSummarizer(max_summary_tokens=80),
+        hook=CallbackHook(collect),
+    )
+    stub = replay(chat(200), policy, summary_tokens=0)
+    assert result.guaranteed_tokens is not None
+    assert result.window_tokens[1] <= 300 + 2 * 100
+    # Compaction cuts at limit + k, the bulk fallback only at limit + 2k: more, smaller cuts.
+    assert result.demotions > stub.demotions
+    assert result.mean_prompt_tokens > stub.mean_prompt_tokens  # the summary is in the prompt
+    assert set(seen) == set(range(result.demoted))
+    assert seen == sorted(set(seen))  # summarized messages still reach the hook once
+
+
 def test_meter_for_foreign_windows() -> None:
     meter = ReplayMeter("other", keep_series=False)
     meter.record([("s", 10), ("a", 5)], window_tokens=5, window_messages=1, full=False)
