@@ -1,0 +1,377 @@
+"""Section 1: per-turn overhead versus history length.
+
+A *turn* is what a memory does on the hot path of one user message: store the new message
+and produce the messages for the prompt. Each setup is prepared with a history of ``n``
+messages (alternating user/assistant, about 50 words each, a 4,000-token budget), then
+``repeats`` turns are timed one by one; the table shows the median, and its ratio to the
+*floor* measured in the same run: a plain Python list plus token counts cached per message
+(append, then walk back from the end until the budget is spent).
+
+Setups:
+
+- ``floor``: the list above, the least any windowed memory must do.
+- ``InMemoryChatMessageHistory``: LangChain's bare history (no window at all).
+- ``trim_messages``: that history plus ``trim_messages(strategy="last",
+  token_counter=count_tokens_approximately, max_tokens=4000)`` at every turn.
+- ``LlamaIndex Memory``: ``Memory.from_defaults(token_limit=4000)`` (no memory blocks;
+  ``put`` then ``get``). Its older messages are prepared as already archived, the state a
+  long chat reaches.
+- ``LlamaIndex ChatMemoryBuffer``: ``put`` then ``get``; only below 1,000 messages (it
+  re-reads the whole history at every turn and does not finish in the budget above that).
+- ``demote core``: :meth:`demote.Demoter.load` over a list of records, each message
+  described once.
+- ``DemotingChatMessageHistory`` / ``DemotingMemory``: the adapters, over LangChain's
+  in-memory history and LlamaIndex's ``SimpleChatStore``; included when importable.
+
+Run alone with ``python -m bench.turn_cost``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    RESULTS,
+    agg_backend,
+    approx_tokens,
+    environment,
+    median_seconds,
+    synthetic_chat,
+    write_json,
+)
+
+SECTION = "turn_cost"
+BUDGET = 4000
+SIZES = (100, 1_000, 10_000, 100_000)
+QUICK_SIZES = (50, 200)
+
+Pairs = list[tuple[str, str]]
+# prepare(history) -> turn(i): one timed turn that stores message i and reads the window.
+Prepare = Callable[[Pairs], Callable[[int], object]]
+
+
+def floor(history: Pairs) -> Callable[[int], object]:
+    texts = [t for _, t in history]
+    counts = [approx_tokens(t) + 3 for t in texts]
+
+    def turn(i: int) -> object:
+        text = f"new message {i} " + texts[i % len(texts)]
+        texts.append(text)
+        counts.append(approx_tokens(text) + 3)
+        used, start = 0, len(texts)
+        while start > 0 and used + counts[start - 1] <= BUDGET:
+            start -= 1
+            used += counts[start]
+        return texts[start:]
+
+    return turn
+
+
+def _lc(history: Pairs) -> Any:
+    from langchain_core.chat_history import InMemoryChatMessageHistory
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    kinds = {"user": HumanMessage, "assistant": AIMessage}
+    return InMemoryChatMessageHistory(messages=[kinds[r](t) for r, t in history]), HumanMessage
+
+
+def bare_history(history: Pairs) -> Callable[[int], object]:
+    store, human = _lc(history)
+
+    def turn(i: int) -> object:
+        store.add_message(human(f"new message {i} " + history[i % len(history)][1]))
+        return store.messages
+
+    return turn
+
+
+def trim(history: Pairs) -> Callable[[int], object]:
+    from langchain_core.messages.utils import count_tokens_approximately, trim_messages
+
+    store, human = _lc(history)
+
+    def turn(i: int) -> object:
+        store.add_message(human(f"new message {i} " + history[i % len(history)][1]))
+        return trim_messages(
+            store.messages,
+            strategy="last",
+            token_counter=count_tokens_approximately,
+            max_tokens=BUDGET,
+        )
+
+    return turn
+
+
+def _chat_messages(history: Pairs) -> list[Any]:
+    from llama_index.core.llms import ChatMessage
+
+    return [ChatMessage(role=r, content=t) for r, t in history]
+
+
+def llama_memory(history: Pairs) -> Callable[[int], object]:
+    from llama_index.core.async_utils import asyncio_run
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.memory import Memory
+    from llama_index.core.storage.chat_store.base_db import MessageStatus
+
+    memory = Memory.from_defaults(
+        token_limit=BUDGET, tokenizer_fn=lambda text: [0] * approx_tokens(text)
+    )
+    messages = _chat_messages(history)
+    # The steady state of a long chat: all but the newest ~budget already archived.
+    keep, used = len(messages), 0
+    while keep > 0 and used + approx_tokens(history[keep - 1][1]) <= BUDGET * 0.7:
+        keep -= 1
+        used += approx_tokens(history[keep][1])
+    for lo in range(0, keep, 2000):  # SQLite caps the variables of one statement
+        asyncio_run(
+            memory.sql_store.add_messages(
+                memory.session_id,
+                messages[lo : min(keep, lo + 2000)],
+                status=MessageStatus.ARCHIVED,
+            )
+        )
+    memory.put_messages(messages[keep:])
+
+    def turn(i: int) -> object:
+        memory.put(
+            ChatMessage(role="user", content=f"new message {i} " + history[i % len(history)][1])
+        )
+        return memory.get()
+
+    return turn
+
+
+def llama_buffer(history: Pairs) -> Callable[[int], object]:
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.memory import ChatMemoryBuffer
+
+    memory = ChatMemoryBuffer.from_defaults(
+        token_limit=BUDGET,
+        chat_history=_chat_messages(history),
+        tokenizer_fn=lambda text: [0] * approx_tokens(text),
+    )
+
+    def turn(i: int) -> object:
+        memory.put(
+            ChatMessage(role="user", content=f"new message {i} " + history[i % len(history)][1])
+        )
+        return memory.get()
+
+    return turn
+
+
+def demote_core(history: Pairs) -> Callable[[int], object]:
+    from demote import Demoter, SlidingWindow
+    from demote.records import MessageRecord
+
+    demoter = Demoter(SlidingWindow.last_tokens(BUDGET))
+    records = [demoter.describe(r, t) for r, t in history]
+
+    def same(record: MessageRecord) -> MessageRecord:
+        return record
+
+    demoter.load("bench", records, same)  # the history so far is already planned
+
+    def turn(i: int) -> object:
+        records.append(demoter.describe("user", f"new message {i} " + history[i % len(history)][1]))
+        return demoter.load("bench", records, same)
+
+    return turn
+
+
+# -- adapter slots -------------------------------------------------------------------------
+# DemotingChatMessageHistory (langchain_demote) and DemotingMemory (llamaindex_demote) are
+# written by another helper; these two setups run when their packages import, and are
+# reported as skipped (with the reason) otherwise.
+
+
+def demoting_history(history: Pairs) -> Callable[[int], object]:
+    from demote import Demoter, SlidingWindow
+    from langchain_demote import DemotingChatMessageHistory
+
+    inner, human = _lc(history)
+    memory = DemotingChatMessageHistory(
+        inner=inner, demoter=Demoter(SlidingWindow.last_tokens(BUDGET)), conversation_id="bench"
+    )
+    _ = memory.messages  # the history so far is already planned
+
+    def turn(i: int) -> object:
+        memory.add_message(human(f"new message {i} " + history[i % len(history)][1]))
+        return memory.messages
+
+    return turn
+
+
+def demoting_memory(history: Pairs) -> Callable[[int], object]:
+    from llama_index.core.llms import ChatMessage
+
+    from demote import SlidingWindow
+    from llamaindex_demote import DemotingMemory
+
+    memory = DemotingMemory.from_defaults(
+        chat_history=_chat_messages(history),
+        policy=SlidingWindow.last_tokens(BUDGET),
+        chat_store_key="bench",
+    )
+    memory.get()
+
+    def turn(i: int) -> object:
+        memory.put(
+            ChatMessage(role="user", content=f"new message {i} " + history[i % len(history)][1])
+        )
+        return memory.get()
+
+    return turn
+
+
+# Setup name -> (prepare, largest history it is run at, or None for all).
+SETUPS: dict[str, tuple[Prepare, int | None]] = {
+    "floor (list + cached counts)": (floor, None),
+    "InMemoryChatMessageHistory (no window)": (bare_history, None),
+    "trim_messages": (trim, None),
+    "LlamaIndex Memory": (llama_memory, None),
+    "LlamaIndex ChatMemoryBuffer": (llama_buffer, 999),
+    "demote core (Demoter.load)": (demote_core, None),
+    "DemotingChatMessageHistory": (demoting_history, None),
+    "DemotingMemory": (demoting_memory, None),
+}
+FLOOR = "floor (list + cached counts)"
+
+
+def repeats_for(n: int, quick: bool) -> int:
+    if quick:
+        return 3
+    return 15 if n <= 10_000 else 7
+
+
+def run(
+    *,
+    quick: bool = False,
+    sizes: Sequence[int] | None = None,
+    out: Path = RESULTS,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Run the section; returns (and writes) its results."""
+    began = time.perf_counter()
+    sizes = tuple(sizes or (QUICK_SIZES if quick else SIZES))
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    medians: dict[str, dict[int, float]] = {}
+    for n in sizes:
+        history = synthetic_chat(n)
+        reps = repeats_for(n, quick)
+        for name, (prepare, largest) in SETUPS.items():
+            if largest is not None and n > largest:
+                note = f"{name}: skipped at >= {largest + 1:,} messages (does not finish in time)"
+                if note not in notes:
+                    notes.append(note)
+                continue
+            try:
+                turn = prepare(list(history))
+                turn(0)  # warm-up, not timed
+                seconds = median_seconds(turn, reps, start=1)
+            except ImportError as exc:
+                note = f"{name}: skipped ({exc})"
+                if note not in notes:
+                    notes.append(note)
+                continue
+            except Exception as exc:  # one broken setup must not sink the section
+                notes.append(
+                    f"{name}: failed at {n:,} messages ({type(exc).__name__}: {exc})"[:300]
+                )
+                continue
+            medians.setdefault(name, {})[n] = seconds
+            if not quiet:
+                print(f"  {name:<42} n={n:>7,}  {seconds * 1e6:>10.1f} us", flush=True)
+    for name, by_n in medians.items():
+        row: dict[str, Any] = {"setup": name}
+        for n, seconds in by_n.items():
+            base = medians.get(FLOOR, {}).get(n)
+            row[f"us_{n}"] = seconds * 1e6
+            row[f"x_{n}"] = seconds / base if base else None
+        rows.append(row)
+    payload = {
+        "section": SECTION,
+        "budget_tokens": BUDGET,
+        "sizes": list(sizes),
+        "words_per_message": 50,
+        "quick": quick,
+        "rows": rows,
+        "notes": notes,
+        "seconds": time.perf_counter() - began,
+        "environment": environment(),
+    }
+    payload["plot"] = _plot(medians, sizes, out)
+    write_json(SECTION, payload, out)
+    return payload
+
+
+def _plot(medians: dict[str, dict[int, float]], sizes: Sequence[int], out: Path) -> str | None:
+    agg_backend()
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax: Any = fig.add_subplot()
+    for name, by_n in medians.items():
+        xs = [n for n in sizes if n in by_n]
+        ax.plot(xs, [by_n[n] * 1e6 for n in xs], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("messages in the history")
+    ax.set_ylabel("median time per turn (us)")
+    ax.set_title(f"Per-turn overhead, {BUDGET:,}-token window")
+    ax.legend(fontsize="small")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{SECTION}.png"
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def report(payload: dict[str, Any]) -> str:
+    sizes = payload["sizes"]
+    head = "| setup | " + " | ".join(f"{n:,} msgs" for n in sizes) + " |"
+    rule = "|---|" + "---:|" * len(sizes)
+    lines = [
+        f"## 1. Per-turn overhead vs history length ({payload['budget_tokens']:,}-token window, "
+        "~50-word messages; median time per turn, and its ratio to the floor)",
+        "",
+        head,
+        rule,
+    ]
+    for row in payload["rows"]:
+        cells = []
+        for n in sizes:
+            us, x = row.get(f"us_{n}"), row.get(f"x_{n}")
+            cells.append("n/a" if us is None else f"{_us(us)} ({x:,.1f}x)" if x else _us(us))
+        lines.append(f"| {row['setup']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.extend(payload["notes"])
+    lines.append(f"({payload['seconds']:.1f} s)")
+    return "\n".join(lines)
+
+
+def _us(us: float) -> str:
+    if us >= 10_000:
+        return f"{us / 1000:,.0f} ms"
+    if us >= 1000:
+        return f"{us / 1000:.1f} ms"
+    return f"{us:.0f} us" if us >= 10 else f"{us:.1f} us"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.turn_cost")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+")
+    args = parser.parse_args(argv)
+    print(report(run(quick=args.quick, sizes=args.sizes)))
+
+
+if __name__ == "__main__":
+    main()

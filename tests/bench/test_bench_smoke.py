@@ -1,0 +1,59 @@
+"""Smoke test: ``python -m bench --quick`` runs every section and writes its results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # ``bench`` is a top-level directory, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import main  # noqa: E402
+from bench.common import locomo_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+pytest.importorskip("langchain_core")
+pytest.importorskip("llama_index.core")
+
+
+@pytest.mark.skipif(not any(locomo_dir().glob("conv-*.json")), reason="no LoCoMo data")
+def test_quick_bench_writes_every_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["--quick", "--quiet", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "## 1. Per-turn overhead" in printed
+    assert "## 2. Prompt-cache cost" in printed
+    assert "Timing:" in printed
+
+    turn = json.loads((tmp_path / "turn_cost.json").read_text())
+    assert turn["quick"] is True
+    floor = next(r for r in turn["rows"] if r["setup"].startswith("floor"))
+    assert all(floor[f"x_{n}"] == 1.0 for n in turn["sizes"])
+    names = {r["setup"] for r in turn["rows"]}
+    assert {"trim_messages", "demote core (Demoter.load)"} <= names
+
+    cost = json.loads((tmp_path / "cache_cost.json").read_text())
+    rows = {r["setup"]: r for r in cost["rows"]}
+    per_item, bulk = rows["demote PerItem"], rows["demote Bulk +50%"]
+    assert bulk["anthropic_steady_billed"] < per_item["anthropic_steady_billed"]
+    assert per_item["guaranteed_tokens"] <= cost["limit_tokens"]
+    assert "LangChain trim_messages" in rows
+    assert any(label.startswith("LlamaIndex Memory") for label in rows)
+
+    for section in ("turn_cost", "cache_cost"):
+        assert (tmp_path / f"{section}.png").read_bytes()[:4] == b"\x89PNG"
+    if (tmp_path / "recall.json").exists():
+        recall = json.loads((tmp_path / "recall.json").read_text())
+        assert recall["setups"]
+
+
+def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--sections", "nine"])
+    assert "unknown section" in capsys.readouterr().err
