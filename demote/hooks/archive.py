@@ -20,7 +20,9 @@ its own weight but never returned as message text.
 
 Ranking: the query is split into plain terms, English stop words are dropped, each term is
 quoted (so user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (with
-porter stemming, so "running" finds "runs") picks a pool of candidates; each candidate's
+porter stemming, so "running" finds "runs") picks a pool of candidates, and the reply to
+each candidate that asks a question joins the pool (it may share no word with the query
+yet hold the answer); each candidate's
 score is then ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
 ``s = bm25 * (1 + coverage * c)``, where ``c`` is the IDF-weighted share of the query's
 distinct terms the message contains and ``q`` is 2 when message ``i-1`` asks a question
@@ -77,6 +79,9 @@ CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
     VALUES ('delete', old.id, old.scope, old.text, old.context);
 END;
 """
+
+# A search candidate: id, index, role, text, key, BM25 score (higher is better).
+_Row = tuple[int, int, str, str, str, float]
 
 #: Produces the optional context string indexed with a message (``None`` for none).
 ContextFn = Callable[[DemotedMessage], str | None]
@@ -297,7 +302,7 @@ class SQLiteArchive:
         columns = ("text", "context") if self._weights[2] > 0 else ("text",)
         expression = f"scope : {quote(scope)} AND {match_any(terms, columns)}"
         with self._locked("search the archive") as db:
-            rows = db.execute(
+            rows: list[_Row] = db.execute(
                 "SELECT m.id, m.idx, m.role, m.text, m.key, "
                 "-bm25(messages_fts, ?, ?, ?) AS score "
                 "FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid "
@@ -312,7 +317,12 @@ class SQLiteArchive:
                 if self._coverage > 0 and len(terms) > 1
                 else {}
             )
-        base = {r[1]: r[5] * (1.0 + self._coverage * coverage.get(r[0], 0.0)) for r in rows}
+            if self._neighbours > 0:
+                rows += self._adjacent(db, conversation_id, rows)
+        base: dict[int, float] = {}
+        for row_id, idx, _, _, _, bm25 in rows:
+            score = bm25 * (1.0 + self._coverage * coverage.get(row_id, 0.0))
+            base[idx] = max(score, base.get(idx, 0.0))
         asks = {r[1] for r in rows if "?" in r[3]}
         scored = []
         for _, idx, role, text, key, _ in rows:
@@ -325,6 +335,28 @@ class SQLiteArchive:
             )
         scored.sort(key=lambda r: (-r.score, r.index))
         return scored[:k]
+
+    def _adjacent(
+        self, db: sqlite3.Connection, conversation_id: str, rows: list[_Row]
+    ) -> list[_Row]:
+        """The replies to candidate questions that are not candidates themselves.
+
+        A reply ("The Minnesota Wolves!") often shares no word with the query that
+        matched its question ("which team did you sign with?"), yet holds the answer.
+        """
+        have = {r[1] for r in rows}
+        wanted = sorted({r[1] + 1 for r in rows if "?" in r[3]} - have)
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        return [
+            (row_id, idx, role, text, key, 0.0)
+            for row_id, idx, role, text, key in db.execute(
+                "SELECT id, idx, role, text, key FROM messages "
+                f"WHERE conversation_id = ? AND idx IN ({marks})",
+                (conversation_id, *wanted),
+            )
+        ]
 
     def _term_coverage(
         self,
