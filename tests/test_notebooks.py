@@ -1,12 +1,14 @@
 """Every notebook in ``notebooks/`` runs offline, top to bottom, in a fresh kernel.
 
-The kernel is this interpreter (``sys.executable -m ipykernel_launcher``), whatever
-kernelspecs the machine has, with telemetry and tracing off. A notebook that raises fails
-its test with the failing cell's error. Notebooks are kept in git without outputs.
+The kernel is this interpreter (``sys.executable -m ipykernel_launcher``, from a private
+kernelspec), whatever kernelspecs the machine has, with telemetry and tracing off. A
+notebook that raises fails its test with the failing cell's error. Notebooks are kept in
+git without outputs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 LOCOMO = REPO.parent / "shared" / "data" / "locomo"
 TIMEOUT = 180  # seconds per cell
+KERNEL = "demote-tests"
 
 
 # jupyter_client leaves zmq sockets to the garbage collector; that is not our failure.
@@ -33,6 +36,7 @@ pytestmark = [
 
 def _kernel(tmp_path: Path) -> tuple[Any, dict[str, str]]:
     """A kernel manager running this interpreter, and the kernel's environment."""
+    from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
     env = {
@@ -51,9 +55,15 @@ def _kernel(tmp_path: Path) -> tuple[Any, dict[str, str]]:
     }
     for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "MEM0_API_KEY"):
         env.pop(key, None)
-    km = KernelManager(kernel_name="python3")
-    km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    return km, env
+    # A private kernelspec whose argv is this interpreter, whatever is installed elsewhere.
+    spec = tmp_path / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "demote tests", "language": "python"})
+    )
+    specs = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+    return KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs), env
 
 
 def test_notebooks_exist() -> None:
@@ -85,7 +95,7 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
         nb,
         km=km,
         timeout=TIMEOUT,
-        kernel_name="python3",
+        kernel_name=KERNEL,
         resources={"metadata": {"path": str(path.parent)}},
     )
     try:
