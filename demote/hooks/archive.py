@@ -47,6 +47,7 @@ from typing import Self
 
 from demote.errors import ConfigError, ConversationIdError, StoreError
 from demote.hooks._fts import STOP_WORDS, match_any, query_terms, quote
+from demote.hooks._rank import candidates, replies, rescore, term_coverage
 from demote.records import DemotedMessage, Demotion, Recalled
 
 __all__ = ["SQLiteArchive"]
@@ -79,9 +80,6 @@ CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
     VALUES ('delete', old.id, old.scope, old.text, old.context);
 END;
 """
-
-# A search candidate: id, index, role, text, key, BM25 score (higher is better).
-_Row = tuple[int, int, str, str, str, float]
 
 #: Produces the optional context string indexed with a message (``None`` for none).
 ContextFn = Callable[[DemotedMessage], str | None]
@@ -302,96 +300,17 @@ class SQLiteArchive:
         columns = ("text", "context") if self._weights[2] > 0 else ("text",)
         expression = f"scope : {quote(scope)} AND {match_any(terms, columns)}"
         with self._locked("search the archive") as db:
-            rows: list[_Row] = db.execute(
-                "SELECT m.id, m.idx, m.role, m.text, m.key, "
-                "-bm25(messages_fts, ?, ?, ?) AS score "
-                "FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid "
-                "WHERE messages_fts MATCH ? AND m.conversation_id = ? "
-                "ORDER BY score DESC, m.idx LIMIT ?",
-                (*self._weights, expression, conversation_id, max(self._pool, k)),
-            ).fetchall()
+            rows = candidates(db, conversation_id, expression, self._weights, max(self._pool, k))
             if not rows:
                 return []
             coverage = (
-                self._term_coverage(db, scope, terms, columns, [r[0] for r in rows])
+                term_coverage(db, conversation_id, scope, terms, columns, [r[0] for r in rows])
                 if self._coverage > 0 and len(terms) > 1
                 else {}
             )
             if self._neighbours > 0:
-                rows += self._adjacent(db, conversation_id, rows)
-        base: dict[int, float] = {}
-        for row_id, idx, _, _, _, bm25 in rows:
-            score = bm25 * (1.0 + self._coverage * coverage.get(row_id, 0.0))
-            base[idx] = max(score, base.get(idx, 0.0))
-        asks = {r[1] for r in rows if "?" in r[3]}
-        scored = []
-        for _, idx, role, text, key, _ in rows:
-            # A reply inherits from the turn it answers (twice as much from a question),
-            # and a turn gets half as much from its reply.
-            before = base.get(idx - 1, 0.0) * (2.0 if idx - 1 in asks else 1.0)
-            lift = self._neighbours * (before + 0.5 * base.get(idx + 1, 0.0))
-            scored.append(
-                Recalled(role=role, text=text, index=idx, key=key, score=base[idx] + lift)
-            )
-        scored.sort(key=lambda r: (-r.score, r.index))
-        return scored[:k]
-
-    def _adjacent(
-        self, db: sqlite3.Connection, conversation_id: str, rows: list[_Row]
-    ) -> list[_Row]:
-        """The replies to candidate questions that are not candidates themselves.
-
-        A reply ("The Minnesota Wolves!") often shares no word with the query that
-        matched its question ("which team did you sign with?"), yet holds the answer.
-        """
-        have = {r[1] for r in rows}
-        wanted = sorted({r[1] + 1 for r in rows if "?" in r[3]} - have)
-        if not wanted:
-            return []
-        marks = ",".join("?" * len(wanted))
-        return [
-            (row_id, idx, role, text, key, 0.0)
-            for row_id, idx, role, text, key in db.execute(
-                "SELECT id, idx, role, text, key FROM messages "
-                f"WHERE conversation_id = ? AND idx IN ({marks})",
-                (conversation_id, *wanted),
-            )
-        ]
-
-    def _term_coverage(
-        self,
-        db: sqlite3.Connection,
-        scope: str,
-        terms: list[str],
-        columns: tuple[str, ...],
-        ids: list[int],
-    ) -> dict[int, float]:
-        """For each candidate id, the IDF-weighted share of ``terms`` it contains."""
-        placeholders = ",".join("?" * len(ids))
-        total = db.execute(
-            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?",
-            (f"scope : {quote(scope)}",),
-        ).fetchone()[0]
-        hits: dict[int, float] = {}
-        weight_sum = 0.0
-        for term in terms:
-            expression = f"scope : {quote(scope)} AND {match_any([term], columns)}"
-            df = db.execute(
-                "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (expression,)
-            ).fetchone()[0]
-            if df == 0:
-                continue
-            idf = math.log(1.0 + (total - df + 0.5) / (df + 0.5))
-            weight_sum += idf
-            for (row_id,) in db.execute(
-                "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? "
-                f"AND rowid IN ({placeholders})",
-                (expression, *ids),
-            ):
-                hits[row_id] = hits.get(row_id, 0.0) + idf
-        if weight_sum == 0:
-            return {}
-        return {row_id: w / weight_sum for row_id, w in hits.items()}
+                rows += replies(db, conversation_id, rows)
+        return rescore(rows, coverage, self._coverage, self._neighbours)[:k]
 
     # -- reading and housekeeping -------------------------------------------------------
 
