@@ -10,9 +10,9 @@ counted with the same counter (demote's ``approx``: ``ceil(chars / 4) + 3`` per 
 Setups, all at the same token limit (4,000 by default):
 
 - demote ``PerItem``, ``Bulk`` at 10 %, 25 % and 50 % overflow, and ``Compact`` with
-  ``compact_count`` = 25 % of the limit. The engine has no summarizer wired in yet, so
-  ``Compact`` behaves as bulk eviction at ``limit + 2 * compact_count``, and the replay
-  adds a 200-token stand-in summary message after the first cut, re-written at every cut.
+  ``compact_count`` = 25 % of the limit and the model-free ``TemplateSummarizer`` (summary
+  capped at 200 tokens; each summary is waited for before the next turn, so the run
+  repeats exactly; a real model summarizer costs its own calls, not counted here).
 - LangChain ``trim_messages(history, strategy="last",
   token_counter=count_tokens_approximately, max_tokens=limit)`` over the full history at
   every call.
@@ -40,6 +40,7 @@ from bench.common import (
     RESULTS,
     agg_backend,
     aggregate,
+    close_llama_memory,
     environment,
     locomo,
     progress,
@@ -106,7 +107,12 @@ def _record(
 def demote_setup(eviction: PerItem | Bulk | Compact) -> Setup:
     def run(t: Transcript, limit: int) -> ReplayResult:
         policy = SlidingWindow.last_tokens(limit, eviction=eviction)
-        return replay(t, policy, system_prompt_tokens=SYSTEM_PROMPT_TOKENS)
+        summarizer = None
+        if isinstance(eviction, Compact):
+            from demote.summarize import TemplateSummarizer
+
+            summarizer = TemplateSummarizer(max_summary_tokens=200)
+        return replay(t, policy, system_prompt_tokens=SYSTEM_PROMPT_TOKENS, summarizer=summarizer)
 
     return run
 
@@ -172,7 +178,9 @@ def llama_setup(label: str, flush_fraction: float | None) -> Setup:
                 continue
             window = [describe(str(m.role.value), m.content or "") for m in memory.get()]
             out = _record(meter, window, total, out)
-        return meter.result(messages=len(t), seconds=time.perf_counter() - began)
+        result = meter.result(messages=len(t), seconds=time.perf_counter() - began)
+        close_llama_memory(memory)
+        return result
 
     return run
 
@@ -186,7 +194,7 @@ def setups(limit: int) -> dict[str, Setup]:
         "demote Bulk +10%": demote_setup(Bulk(overflow=pct(0.10))),
         "demote Bulk +25%": demote_setup(Bulk(overflow=pct(0.25))),
         "demote Bulk +50%": demote_setup(Bulk(overflow=pct(0.50))),
-        "demote Compact 25% (stub)": demote_setup(Compact(compact_count=pct(0.25))),
+        "demote Compact 25% (template summary)": demote_setup(Compact(compact_count=pct(0.25))),
         "LangChain trim_messages": trim_setup,
         "LlamaIndex Memory (defaults)": llama_setup("LlamaIndex Memory (defaults)", None),
         "LlamaIndex Memory (flush 10%)": llama_setup("LlamaIndex Memory (flush 10%)", 0.10),

@@ -127,6 +127,15 @@ def write_json(section: str, payload: dict[str, Any], out: Path = RESULTS) -> Pa
     return path
 
 
+def close_llama_memory(memory: Any) -> None:
+    """Close the SQLAlchemy engine a LlamaIndex ``Memory`` opened (it has no close())."""
+    engine = getattr(memory.sql_store, "_async_engine", None)
+    if engine is not None:
+        from llama_index.core.async_utils import asyncio_run
+
+        asyncio_run(engine.dispose())
+
+
 def agg_backend() -> None:
     """Select matplotlib's Agg backend (no display) before anything imports pyplot."""
     try:

@@ -38,6 +38,7 @@ from bench.common import (
     RESULTS,
     agg_backend,
     approx_tokens,
+    close_llama_memory,
     environment,
     median_seconds,
     synthetic_chat,
@@ -143,6 +144,7 @@ def llama_memory(history: Pairs) -> Callable[[int], object]:
         )
         return memory.get()
 
+    turn.close = lambda: close_llama_memory(memory)  # type: ignore[attr-defined]
     return turn
 
 
@@ -275,6 +277,7 @@ def run(
                 turn = prepare(list(history))
                 turn(0)  # warm-up, not timed
                 seconds = median_seconds(turn, reps, start=1)
+                getattr(turn, "close", lambda: None)()
             except ImportError as exc:
                 note = f"{name}: skipped ({exc})"
                 if note not in notes:
