@@ -197,7 +197,7 @@ def print_table(
     row("window size (tokens)", [_range(_steady(p, "tokens")) for p in parts])
     row("messages demoted", [f"{p.demoted:,}" for p in parts])
     row("archive size", [f"{p.archived:,}" for p in parts])
-    row("re-delivered", [str(p.redelivered) for p in parts])
+    row("re-delivered", [f"{p.redelivered:,}" for p in parts])
     row("prompt-cache saving (est.)", [_cost(p) for p in parts])
     row("time", [f"{p.seconds:.1f} s" for p in parts])
     lines += ["", f"early fact, asked late: {probe.question!r} (answer: {probe.answer})"]
