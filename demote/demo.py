@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from demote.cachecost import CacheMeter
 from demote.engine import Demoter
-from demote.errors import ConfigError, MissingExtraError, StoreError
+from demote.errors import ConfigError, StoreError
 from demote.hooks.archive import SQLiteArchive
 from demote.offline import content_terms
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
@@ -246,9 +246,25 @@ class PartResult:
     recalled: list[str] = field(default_factory=list)
 
 
-def _progress(options: DemoOptions, err: IO[str], total: int, desc: str) -> Any:
-    from tqdm import tqdm
+class _NoBar:
+    """Stands in for a tqdm bar when tqdm is not installed."""
 
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        """Do nothing."""
+
+
+def _progress(options: DemoOptions, err: IO[str], total: int, desc: str) -> Any:
+    """A tqdm bar on ``err`` (off when not a TTY, with ``--no-progress`` or without tqdm)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
     enabled = options.progress and err.isatty()
     return tqdm(total=total, desc=desc, file=err, disable=not enabled, unit="turn", leave=False)
 
@@ -276,7 +292,7 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout, err: IO[str] = sys
 
     Raises:
         ConfigError: Bad options (policy, strategy, conversation file, demo folder).
-        MissingExtraError: LangChain, LlamaIndex or tqdm is not installed.
+        MissingExtraError: LangChain or LlamaIndex is not installed.
     """
     from demote.demo_run import play_langchain, play_llamaindex, print_table
 
@@ -284,10 +300,6 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout, err: IO[str] = sys
     script = builtin_script() if options.locomo is None else locomo_script(options.locomo)
     if options.turns is not None and options.turns < 1:
         raise ConfigError(f"--turns: must be >= 1, got {options.turns}")
-    try:
-        import tqdm  # noqa: F401
-    except ImportError as exc:
-        raise MissingExtraError("tqdm", "dev") from exc
     directory = options.directory
     directory.mkdir(parents=True, exist_ok=True)
     progress = _state(directory, script)
