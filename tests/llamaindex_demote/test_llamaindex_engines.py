@@ -143,3 +143,14 @@ def test_chat_engine_passes_real_initial_token_count() -> None:
     )
     engine.chat("hello")
     assert counts == [100]  # the system prompt, counted by the policy's counter
+
+
+def test_engine_builds_the_memory_from_memory_cls() -> None:
+    llm = MockLLM(max_tokens=3)
+    engine = SimpleChatEngine.from_defaults(llm=llm, memory_cls=DemotingMemory)
+    engine.chat("hi")
+    assert len(engine.chat_history) == 2
+    memory = engine._memory
+    assert isinstance(memory, DemotingMemory)
+    # SimpleChatEngine passes token_limit=context_window - 256.
+    assert memory.demoter.policy == SlidingWindow.last_tokens(llm.metadata.context_window - 256)
