@@ -294,7 +294,7 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout, err: IO[str] = sys
         ConfigError: Bad options (policy, strategy, conversation file, demo folder).
         MissingExtraError: LangChain or LlamaIndex is not installed.
     """
-    from demote.demo_run import play_langchain, play_llamaindex, print_table
+    from demote.demo_run import play, print_table
 
     policy = demo_policy(options.strategy, options.policy)
     script = builtin_script() if options.locomo is None else locomo_script(options.locomo)
@@ -317,8 +317,8 @@ def run_demo(options: DemoOptions, out: IO[str] = sys.stdout, err: IO[str] = sys
         demoter = Demoter(policy, hook, state=state, summarizer=summarizer if compact else None)
         started = time.perf_counter()
         parts = [
-            play_langchain(demoter, hook, turns, probe, options, err),
-            play_llamaindex(demoter, hook, turns, probe, options, err),
+            play("langchain", demoter, hook, turns, probe, options, err),
+            play("llamaindex", demoter, hook, turns, probe, options, err),
         ]
         progress.update(runs=int(progress["runs"]) + 1, next_turn=(first + n) % len(script.turns))
         (directory / "progress.json").write_text(json.dumps(progress) + "\n", "utf-8")

@@ -1,47 +1,31 @@
-"""The two halves of ``demote demo`` (LangChain, LlamaIndex) and its closing table.
+"""Playing the two halves of ``demote demo`` (LangChain, LlamaIndex), and its closing table.
 
-Split from :mod:`demote.demo` so that the options, script and bookkeeping there stay
-framework-free; the frameworks are imported only when a half is played.
+The halves live with their adapters (``langchain_demote.demo``, ``llamaindex_demote.demo``):
+the core never imports a framework, so they are loaded by name when a half is played, and
+a missing extra raises :class:`~demote.errors.MissingExtraError` naming it.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from demote.engine import Demoter
-from demote.errors import ConfigError
-from demote.offline import OfflineResponder
 from demote.policy import SlidingWindow
 
 if TYPE_CHECKING:
     from demote.demo import CountingHook, DemoOptions, PartResult, Probe, Script
 
-__all__ = ["play_langchain", "play_llamaindex", "print_table"]
+__all__ = ["finish", "play", "print_table"]
 
 LANGCHAIN_ID = "demo-langchain"
 LLAMAINDEX_ID = "demo-llamaindex"
 
 
-def _chat_model(options: DemoOptions, responder: OfflineResponder) -> Any:
-    from demote.demo_langchain import OfflineChatModel
-
-    if options.model is None:
-        return OfflineChatModel(responder=responder)
-    try:
-        from langchain.chat_models import init_chat_model
-    except ImportError as exc:
-        raise ConfigError(
-            "--model needs the 'langchain' package: pip install 'demote[agents]'"
-        ) from exc
-    try:
-        return init_chat_model(options.model)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(f"--model {options.model!r}: {exc}") from exc
-
-
-def _finish(part: PartResult, hook: CountingHook, cid: str, started: float) -> PartResult:
+def finish(part: PartResult, hook: CountingHook, cid: str, started: float) -> PartResult:
+    """Fill in what a played half delivered, archived and took; return ``part``."""
     part.demoted = hook.delivered.get(cid, 0)
     part.redelivered = hook.redelivered.get(cid, 0)
     part.archived = hook.archive.count(cid)
@@ -49,7 +33,8 @@ def _finish(part: PartResult, hook: CountingHook, cid: str, started: float) -> P
     return part
 
 
-def play_langchain(
+def play(
+    framework: str,
     demoter: Demoter,
     hook: CountingHook,
     turns: Sequence[tuple[str, str]],
@@ -57,86 +42,10 @@ def play_langchain(
     options: DemoOptions,
     err: IO[str],
 ) -> PartResult:
-    """Play ``turns`` and the probe through a ``RunnableWithMessageHistory`` chain."""
-    from langchain_core.messages import BaseMessage
-
-    from demote.demo import CallLog, PartResult, _progress
-    from demote.demo_langchain import JSONLChatMessageHistory, build_chain
-    from langchain_demote.history import with_demotion
-
-    started = time.perf_counter()
-    responder = OfflineResponder(turns)
-    log = CallLog(demoter.tokens)
-    histories: dict[str, JSONLChatMessageHistory] = {}
-
-    def get_session_history(session_id: str) -> JSONLChatMessageHistory:
-        # The inner store of an existing app: one JSONL file per session.
-        if session_id not in histories:
-            path = options.directory / "langchain-history.jsonl"
-            histories[session_id] = JSONLChatMessageHistory(path)
-        return histories[session_id]
-
-    chain = build_chain(
-        _chat_model(options, responder),
-        with_demotion(get_session_history, demoter),
-        recall=hook.archive,
-        observe=log,
-    )
-    config: Any = {"configurable": {"session_id": LANGCHAIN_ID}}
-    with _progress(options, err, len(turns), "LangChain ") as bar:
-        for user, _ in turns:
-            if demoter.state_of(LANGCHAIN_ID).window_start > 0:
-                log.mark_full()
-            chain.invoke({"question": user}, config=config)
-            bar.update()
-    answer: BaseMessage = chain.invoke({"question": probe.question}, config=config)
-    demoter.drain(timeout=30)
-    part = PartResult("LangChain", turns=len(turns), log=log, answer=str(answer.content))
-    part.history = len(get_session_history(LANGCHAIN_ID).messages)
-    part.recalled = log.recalled()
-    return _finish(part, hook, LANGCHAIN_ID, started)
-
-
-def play_llamaindex(
-    demoter: Demoter,
-    hook: CountingHook,
-    turns: Sequence[tuple[str, str]],
-    probe: Probe,
-    options: DemoOptions,
-    err: IO[str],
-) -> PartResult:
-    """Play ``turns`` and the probe through a ``SimpleChatEngine`` with DemotingMemory."""
-    from llama_index.core.chat_engine import SimpleChatEngine
-
-    from demote.demo import CallLog, PartResult, _progress
-    from demote.demo_langchain import SYSTEM_PROMPT
-    from demote.demo_llamaindex import JSONLChatStore, OfflineLLM
-    from llamaindex_demote.memory import DemotingMemory
-
-    started = time.perf_counter()
-    log = CallLog(demoter.tokens)
-    llm = OfflineLLM(OfflineResponder(turns), observe=log)
-    store = JSONLChatStore(options.directory / "llamaindex-chats.jsonl")
-    memory = DemotingMemory.from_defaults(
-        demoter=demoter,
-        chat_store=store,
-        chat_store_key=LLAMAINDEX_ID,
-        recall=hook.archive,
-        recall_k=3,
-    )
-    engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=SYSTEM_PROMPT)
-    with _progress(options, err, len(turns), "LlamaIndex") as bar:
-        for user, _ in turns:
-            if demoter.state_of(LLAMAINDEX_ID).window_start > 0:
-                log.mark_full()
-            engine.chat(user)
-            bar.update()
-    answer = engine.chat(probe.question)
-    demoter.drain(timeout=30)
-    part = PartResult("LlamaIndex", turns=len(turns), log=log, answer=str(answer))
-    part.history = len(store.get_messages(LLAMAINDEX_ID))
-    part.recalled = log.recalled()
-    return _finish(part, hook, LLAMAINDEX_ID, started)
+    """Play one half: ``framework`` is ``"langchain"`` or ``"llamaindex"``."""
+    module = importlib.import_module(f"{framework}_demote.demo")
+    result: PartResult = module.play(demoter, hook, turns, probe, options, err)
+    return result
 
 
 def _range(values: Sequence[int]) -> str:

@@ -22,7 +22,20 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-__all__ = ["GROUNDED_PREFIX", "UNKNOWN_REPLY", "OfflineResponder", "content_terms", "relevant_line"]
+__all__ = [
+    "GROUNDED_PREFIX",
+    "SYSTEM_PROMPT",
+    "UNKNOWN_REPLY",
+    "OfflineResponder",
+    "content_terms",
+    "relevant_line",
+]
+
+#: The system prompt of the demo's chain and chat engine.
+SYSTEM_PROMPT = (
+    "You are a friendly everyday assistant. Answer briefly. When a system message lists "
+    "messages from earlier in the conversation, use them."
+)
 
 #: How a grounded answer starts (the quoted line follows, in double quotes).
 GROUNDED_PREFIX = "From what I have in front of me: "

@@ -12,8 +12,13 @@ a bounded window and everything that falls out of it is demoted, once, to a hook
 
 Modules: :mod:`~langchain_demote.history` (the chat history and ``with_demotion``),
 :mod:`~langchain_demote.messages` (pure conversion to and from the core's records),
-:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever).
+:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever),
+:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``) and
+:mod:`~langchain_demote.middleware` (``DemotingMiddleware`` for ``create_agent``; needs the
+``langchain`` package, extra ``demote[agents]``, and is imported on first use).
 """
+
+import typing as _typing
 
 try:
     import langchain_core  # noqa: F401
@@ -25,10 +30,25 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from langchain_demote.history import DemotingChatMessageHistory, with_demotion
 from langchain_demote.hooks import ArchiveRetriever, VectorStoreHook, archive_retriever
 from langchain_demote.messages import from_core, to_core
+from langchain_demote.summarizer import ChatModelSummarizer
+
+if _typing.TYPE_CHECKING:
+    from langchain_demote.middleware import DemotingMiddleware
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name == "DemotingMiddleware":  # needs the full `langchain` package: import lazily
+        from langchain_demote.middleware import DemotingMiddleware
+
+        return DemotingMiddleware
+    raise AttributeError(f"module 'langchain_demote' has no attribute {name!r}")
+
 
 __all__ = [
     "ArchiveRetriever",
+    "ChatModelSummarizer",
     "DemotingChatMessageHistory",
+    "DemotingMiddleware",
     "VectorStoreHook",
     "archive_retriever",
     "from_core",

@@ -1,6 +1,6 @@
-"""The LangChain side of the demo: an offline chat model, a file history, the chain.
+"""The LangChain half of ``demote demo``: an offline chat model, a file history, the chain.
 
-Imported lazily by :mod:`demote.demo` (and by the notebooks), so ``import demote`` never
+Loaded by name from :mod:`demote.demo_run` (and used by the notebooks), so the core never
 imports LangChain. Everything here is ordinary LangChain: an existing
 ``RunnableWithMessageHistory`` chain gains demotion only by wrapping its history factory
 with :func:`langchain_demote.with_demotion`.
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 try:
     from langchain_core._api.deprecation import LangChainDeprecationWarning
@@ -43,26 +44,25 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise MissingExtraError("langchain-core", "langchain") from exc
 
 from demote.demo import RECALL_HEADER
-from demote.errors import StoreError
+from demote.engine import Demoter
+from demote.errors import ConfigError, StoreError
 from demote.hooks.base import Recall
-from demote.offline import OfflineResponder
+from demote.offline import SYSTEM_PROMPT, OfflineResponder
 from demote.records import Recalled
 from langchain_demote.messages import message_role, message_text
 
+if TYPE_CHECKING:
+    from demote.demo import CountingHook, DemoOptions, PartResult, Probe
+
 __all__ = [
     "RECALL_HEADER",
-    "SYSTEM_PROMPT",
     "JSONLChatMessageHistory",
     "OfflineChatModel",
     "build_chain",
     "pairs",
+    "play",
 ]
 
-#: The system prompt of the demo chain.
-SYSTEM_PROMPT = (
-    "You are a friendly everyday assistant. Answer briefly. When a system message lists "
-    "messages from earlier in the conversation, use them."
-)
 
 #: Observes one model call: ``(prompt as (role, text) pairs)``.
 PromptObserver = Callable[[list[tuple[str, str]]], None]
@@ -214,3 +214,64 @@ def build_chain(
             input_messages_key="question",
             history_messages_key="history",
         )
+
+
+def _chat_model(options: DemoOptions, responder: OfflineResponder) -> Any:
+    if options.model is None:
+        return OfflineChatModel(responder=responder)
+    try:
+        from langchain.chat_models import init_chat_model
+    except ImportError as exc:
+        raise ConfigError(
+            "--model needs the 'langchain' package: pip install 'demote[agents]'"
+        ) from exc
+    try:
+        return init_chat_model(options.model)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"--model {options.model!r}: {exc}") from exc
+
+
+def play(
+    demoter: Demoter,
+    hook: CountingHook,
+    turns: Sequence[tuple[str, str]],
+    probe: Probe,
+    options: DemoOptions,
+    err: IO[str],
+) -> PartResult:
+    """Play ``turns`` and the probe through a ``RunnableWithMessageHistory`` chain."""
+    from demote.demo import CallLog, PartResult, _progress
+    from demote.demo_run import LANGCHAIN_ID, finish
+    from langchain_demote.history import with_demotion
+
+    started = time.perf_counter()
+    responder = OfflineResponder(turns)
+    log = CallLog(demoter.tokens)
+    histories: dict[str, JSONLChatMessageHistory] = {}
+
+    def get_session_history(session_id: str) -> JSONLChatMessageHistory:
+        # The inner store of an existing app: one JSONL file per session.
+        if session_id not in histories:
+            path = options.directory / "langchain-history.jsonl"
+            histories[session_id] = JSONLChatMessageHistory(path)
+        return histories[session_id]
+
+    chain = build_chain(
+        _chat_model(options, responder),
+        with_demotion(get_session_history, demoter),
+        recall=hook.archive,
+        observe=log,
+    )
+    config: Any = {"configurable": {"session_id": LANGCHAIN_ID}}
+    with _progress(options, err, len(turns), "LangChain ") as bar:
+        for user, _ in turns:
+            if demoter.state_of(LANGCHAIN_ID).window_start > 0:
+                log.mark_full()
+            chain.invoke({"question": user}, config=config)
+            bar.update()
+    answer: BaseMessage = chain.invoke({"question": probe.question}, config=config)
+    demoter.drain(timeout=30)
+    part = PartResult("LangChain", turns=len(turns), log=log, answer=str(answer.content))
+    part.history = len(get_session_history(LANGCHAIN_ID).messages)
+    part.recalled = log.recalled()
+    return finish(part, hook, LANGCHAIN_ID, started)

@@ -9,6 +9,7 @@ Install with ``pip install 'demote[llamaindex]'``::
 
 - :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
 - :mod:`llamaindex_demote.messages`: pure ``to_core`` / ``from_core`` conversion.
+- :mod:`llamaindex_demote.summarizer`: :class:`LLMSummarizer` for the ``Compact`` strategy.
 """
 
 from __future__ import annotations
@@ -22,5 +23,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from llamaindex_demote.memory import DemotingMemory
 from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
+from llamaindex_demote.summarizer import LLMSummarizer
 
-__all__ = ["DemotingMemory", "RECALL_PREFIX", "from_core", "to_core"]
+__all__ = ["RECALL_PREFIX", "DemotingMemory", "LLMSummarizer", "from_core", "to_core"]

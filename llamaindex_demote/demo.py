@@ -1,6 +1,6 @@
-"""The LlamaIndex side of the demo: an offline LLM and a chat store kept in a file.
+"""The LlamaIndex half of ``demote demo``: an offline LLM and a chat store kept in a file.
 
-Imported lazily by :mod:`demote.demo` (and by the notebooks), so ``import demote`` never
+Loaded by name from :mod:`demote.demo_run` (and used by the notebooks), so the core never
 imports LlamaIndex. The LLM reports itself as function-calling, so it also drives a
 ``FunctionAgent``; it never calls a tool, it answers from what the memory gave it.
 """
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 try:
     from llama_index.core.base.llms.types import ChatMessage
@@ -23,11 +24,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("llama-index-core", "llamaindex") from exc
 
+from demote.engine import Demoter
 from demote.errors import StoreError
-from demote.offline import OfflineResponder
+from demote.offline import SYSTEM_PROMPT, OfflineResponder
 from llamaindex_demote.messages import core_role, text_of
 
-__all__ = ["JSONLChatStore", "OfflineLLM", "pairs"]
+if TYPE_CHECKING:
+    from demote.demo import CountingHook, DemoOptions, PartResult, Probe
+
+__all__ = ["JSONLChatStore", "OfflineLLM", "pairs", "play"]
 
 #: Observes one model call: ``(prompt as (role, text) pairs)``.
 PromptObserver = Callable[[list[tuple[str, str]]], None]
@@ -148,3 +153,44 @@ class JSONLChatStore(SimpleChatStore):
         out = super().delete_last_message(key)
         self._rewrite()
         return out
+
+
+def play(
+    demoter: Demoter,
+    hook: CountingHook,
+    turns: Sequence[tuple[str, str]],
+    probe: Probe,
+    options: DemoOptions,
+    err: IO[str],
+) -> PartResult:
+    """Play ``turns`` and the probe through a ``SimpleChatEngine`` with DemotingMemory."""
+    from llama_index.core.chat_engine import SimpleChatEngine
+
+    from demote.demo import CallLog, PartResult, _progress
+    from demote.demo_run import LLAMAINDEX_ID, finish
+    from llamaindex_demote.memory import DemotingMemory
+
+    started = time.perf_counter()
+    log = CallLog(demoter.tokens)
+    llm = OfflineLLM(OfflineResponder(turns), observe=log)
+    store = JSONLChatStore(options.directory / "llamaindex-chats.jsonl")
+    memory = DemotingMemory.from_defaults(
+        demoter=demoter,
+        chat_store=store,
+        chat_store_key=LLAMAINDEX_ID,
+        recall=hook.archive,
+        recall_k=3,
+    )
+    engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=SYSTEM_PROMPT)
+    with _progress(options, err, len(turns), "LlamaIndex") as bar:
+        for user, _ in turns:
+            if demoter.state_of(LLAMAINDEX_ID).window_start > 0:
+                log.mark_full()
+            engine.chat(user)
+            bar.update()
+    answer = engine.chat(probe.question)
+    demoter.drain(timeout=30)
+    part = PartResult("LlamaIndex", turns=len(turns), log=log, answer=str(answer))
+    part.history = len(store.get_messages(LLAMAINDEX_ID))
+    part.recalled = log.recalled()
+    return finish(part, hook, LLAMAINDEX_ID, started)
