@@ -25,4 +25,4 @@ from llamaindex_demote.memory import DemotingMemory
 from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
 from llamaindex_demote.summarizer import LLMSummarizer
 
-__all__ = ["RECALL_PREFIX", "DemotingMemory", "LLMSummarizer", "from_core", "to_core"]
+__all__ = ["DemotingMemory", "LLMSummarizer", "RECALL_PREFIX", "from_core", "to_core"]
