@@ -270,7 +270,10 @@ class Demoter:
                     cid,
                 )
             demoted = 0
-            batch = self._batch(cid, messages, records, base, p.deliver, skip_known=resynced)
+            # After a re-sync the watermark restarted at 0: what the hook already holds
+            # from before the rewrite must not be offered again, now or on later loads.
+            known = resynced or state.generation > 0
+            batch = self._batch(cid, messages, records, base, p.deliver, skip_known=known)
             if batch.messages:
                 try:
                     yield Deliver(self.hook, batch, self.hook_timeout)
