@@ -125,6 +125,7 @@ def evictions(unit: str) -> st.SearchStrategy[PerItem | Bulk | Compact]:
 
 
 _LIMITS = {"messages": (1, 12), "turns": (1, 5), "tokens": (4, 120)}
+_SMALL_LIMITS = {"messages": (1, 4), "turns": (1, 2), "tokens": (4, 30)}
 
 
 @st.composite
@@ -132,10 +133,15 @@ def policies(
     draw: st.DrawFn,
     units: Sequence[str] = ("messages", "turns", "tokens"),
     counters: Sequence[str] = ("approx",),
+    *,
+    small: bool = False,
 ) -> SlidingWindow:
-    """A policy of any unit and eviction strategy (the approx counter by default)."""
+    """A policy of any unit and eviction strategy (the approx counter by default).
+
+    ``small`` limits make short conversations demote often (for the state machines).
+    """
     unit = draw(st.sampled_from(list(units)))
-    lo, hi = _LIMITS[unit]
+    lo, hi = (_SMALL_LIMITS if small else _LIMITS)[unit]
     return SlidingWindow(
         unit=unit,
         limit=draw(st.integers(lo, hi)),

@@ -504,3 +504,18 @@ async def test_bad_conversation_id_is_rejected_by_aload() -> None:
     d = Demoter(LAST4)
     with pytest.raises(ConversationIdError):
         await d.aload("", chat(2), describer(d))
+
+
+def test_after_a_resync_later_loads_do_not_redeliver_held_messages() -> None:
+    """Found by the state machine: the re-sync restarts the watermark at 0, so a later
+    load (not itself a re-sync) offered again what the hook got before the rewrite."""
+    hook = KeyedHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook)
+    msgs = unique([Msg("user", "a"), Msg("user", "b"), Msg("user", "c"), Msg("assistant", "d")])
+    assert load(d, "c", msgs).demoted == 2
+    shorter = msgs[:1]
+    assert load(d, "c", shorter).start == 0  # rewritten: re-synced from scratch
+    grown = [*shorter, *unique([Msg("user", "e")])]
+    w = load(d, "c", grown)
+    assert w.start == 1 and w.demoted == 0, "message 0 was delivered before the rewrite"
+    assert hook.duplicates() == 0

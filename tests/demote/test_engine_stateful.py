@@ -1,0 +1,192 @@
+"""A Hypothesis state machine over the engine: appends, sync and async loads, clears,
+forgets, rewrites, hook failures and restarts on a durable SQLite state store.
+
+After every step: every message is in the window or delivered; no key is delivered twice
+within a process; across restarts the key-keyed store holds each key once and nothing was
+delivered again (the state store is durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from demote import Demoter, Demotion, SlidingWindow, SQLiteStateStore
+from demote.records import fingerprint, make_key
+from tests.strategies import Msg, describer, policies, turn, unique
+
+CIDS = ("alpha", "beta")
+
+
+class SwitchableHook:
+    """A key-idempotent store (dict keyed by key) that can be switched to failing."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, tuple[str, int]] = {}
+        self.total: Counter[str] = Counter()
+        self.this_process: Counter[str] = Counter()
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def deliver(self, batch: Demotion) -> None:
+        with self.lock:
+            if self.fail:
+                raise RuntimeError("hook is down")
+            for m in batch.messages:
+                self.store[m.key] = (batch.conversation_id, m.index)
+                self.total[m.key] += 1
+                self.this_process[m.key] += 1
+
+    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        with self.lock:
+            return {k for k in keys if k in self.store}
+
+
+def key_of(cid: str, index: int, msg: Msg) -> str:
+    return make_key(cid, index, fingerprint(msg.role, msg.text, msg.opens, msg.answers))
+
+
+class EngineMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="demote-stateful-"))
+        self.hook = SwitchableHook()
+        self.histories: dict[str, list[Msg]] = {cid: [] for cid in CIDS}
+        self.synced: dict[str, bool] = dict.fromkeys(CIDS, True)
+        self.calls = itertools.count()
+        self.restarts = 0
+
+    @initialize(policy=policies(small=True))
+    def start(self, policy: SlidingWindow) -> None:
+        self.policy = policy
+        self.demoter = self._new_demoter()
+
+    def _new_demoter(self) -> Demoter:
+        store = SQLiteStateStore(self.dir / "state.db")
+        return Demoter(self.policy, self.hook, state=store)
+
+    def teardown(self) -> None:
+        demoter = getattr(self, "demoter", None)
+        if demoter is not None:
+            demoter.state.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @rule(
+        cid=st.sampled_from(CIDS),
+        turns=st.lists(turn(), min_size=1, max_size=4),
+        system=st.booleans(),
+        then=st.sampled_from(["sync", "async", None]),
+    )
+    def append(self, cid: str, turns: list[list[Msg]], system: bool, then: str | None) -> None:
+        """Append turns (the adapter's write), then usually load (its next read)."""
+        group = [m for t in turns for m in t]
+        history = self.histories[cid]
+        if system and not history:
+            history.append(unique([Msg("system", "be brief")], cid)[0])
+        # Call ids unique within the conversation; texts unique in the process.
+        ids = {c: f"{cid}-call-{next(self.calls)}" for m in group for c in m.opens}
+        group = [
+            replace(m, opens=tuple(ids[c] for c in m.opens), answers=ids.get(m.answers or ""))
+            if m.opens or m.answers
+            else m
+            for m in group
+        ]
+        history += unique(group, cid)
+        if then is not None:
+            self.load(cid, then == "async")
+
+    @rule(cid=st.sampled_from(CIDS), use_async=st.booleans())
+    def load(self, cid: str, use_async: bool) -> None:
+        history = list(self.histories[cid])
+        d = self.demoter
+        if use_async:
+            w = asyncio.run(d.aload(cid, history, describer(d)))
+        else:
+            w = d.load(cid, history, describer(d))
+        assert w.conversation_id == cid and w.total == len(history)
+        assert w.messages == history[w.start :], "the window is a suffix, in order"
+        assert w.pinned == history[: len(w.pinned)]
+        assert all(m.role == "system" for m in w.pinned)
+        for i in range(len(w.pinned), w.start):
+            assert key_of(cid, i, history[i]) in self.hook.store, f"message {i} lost"
+        if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
+            self.synced[cid] = True
+
+    @rule(
+        cid=st.sampled_from(CIDS), how=st.sampled_from(["clear", "forget"]), roll=st.integers(0, 3)
+    )
+    def reset(self, cid: str, how: str, roll: int) -> None:
+        if roll != 3:  # rarer than appends and loads, so conversations grow
+            return
+        getattr(self.demoter, how)(cid)
+        self.histories[cid] = []
+        self.synced[cid] = True
+
+    @rule(
+        cid=st.sampled_from(CIDS),
+        drop=st.integers(1, 8),
+        then=st.sampled_from(["sync", "async", None]),
+    )
+    def rewrite_shorter(self, cid: str, drop: int, then: str | None) -> None:
+        """Drop messages from the end, outside the engine (then usually load)."""
+        history = self.histories[cid]
+        del history[max(0, len(history) - drop) :]
+        self.synced[cid] = False
+        if then is not None:
+            self.load(cid, then == "async")
+
+    @rule(fail=st.integers(0, 2).map(lambda n: n == 2))
+    def switch_hook(self, fail: bool) -> None:
+        self.hook.fail = fail
+
+    @precondition(lambda self: self.restarts < 3)
+    @rule()
+    def restart(self) -> None:
+        self.demoter.state.close()
+        self.demoter = self._new_demoter()
+        self.hook.this_process.clear()
+        self.restarts += 1
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def every_message_in_window_or_delivered(self) -> None:
+        for cid in CIDS:
+            state = self.demoter.state_of(cid)
+            assert state.delivered <= state.window_start
+            if not self.synced[cid]:
+                continue  # the next load re-syncs a rewritten history
+            history = self.histories[cid]
+            assert state.window_start <= max(len(history), state.pinned)
+            for i in range(state.pinned, min(state.window_start, len(history))):
+                assert key_of(cid, i, history[i]) in self.hook.store, f"{cid}[{i}] lost"
+
+    @invariant()
+    def delivered_once_within_a_process(self) -> None:
+        assert all(n == 1 for n in self.hook.this_process.values())
+
+    @invariant()
+    def no_redelivery_across_restarts(self) -> None:
+        # Durable state: the key-keyed store holds each key once and nothing came twice.
+        assert sum(self.hook.total.values()) - len(self.hook.store) == 0
+
+    @invariant()
+    def no_cross_conversation_delivery(self) -> None:
+        for key, (cid, index) in self.hook.store.items():
+            assert cid in CIDS and index >= 0 and len(key) == 32
+
+
+EngineMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TestEngineMachine = EngineMachine.TestCase
