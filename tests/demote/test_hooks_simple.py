@@ -1,0 +1,197 @@
+"""Small built-in hooks: CallbackHook, FanOutHook, NoopHook."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from demote import (
+    CallbackHook,
+    ConfigError,
+    DemotedMessage,
+    Demoter,
+    Demotion,
+    FanOutHook,
+    NoopHook,
+    SlidingWindow,
+)
+from demote.hooks.base import AsyncHook, SyncHook
+from demote.hooks.simple import deliver_async, deliver_sync
+from tests.strategies import Msg, describer, unique
+
+BATCH = Demotion(
+    "c", (DemotedMessage("user", "hi", 0, "k0"), DemotedMessage("assistant", "yo", 1, "k1"))
+)
+
+
+def chat(n: int) -> list[Msg]:
+    return unique([Msg("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(n)])
+
+
+# -- CallbackHook ---------------------------------------------------------------------------
+
+
+def test_callback_sync_fn_from_sync_and_async_loads() -> None:
+    got: list[tuple[int, threading.Thread]] = []
+    hook = CallbackHook(lambda b: got.append((len(b), threading.current_thread())))
+    d = Demoter(SlidingWindow.last_messages(2), hook)
+    d.load("a", chat(6), describer(d))
+    assert got == [(4, threading.current_thread())]
+
+    async def main() -> None:
+        await d.aload("b", chat(6), describer(d))
+
+    asyncio.run(main())
+    assert len(got) == 2 and got[1][0] == 4
+    assert got[1][1] is not threading.current_thread(), "a sync fn runs off the loop"
+
+
+def test_callback_async_fn_from_sync_and_async_loads() -> None:
+    got: list[str] = []
+
+    async def fn(batch: Demotion) -> None:
+        await asyncio.sleep(0)
+        got.append(batch.conversation_id)
+
+    hook = CallbackHook(fn)
+    d = Demoter(SlidingWindow.last_messages(2), hook)
+    d.load("a", chat(6), describer(d))
+    asyncio.run(d.aload("b", chat(6), describer(d)))
+    assert got == ["a", "b"]
+
+
+async def test_callback_async_fn_from_sync_deliver_inside_a_running_loop() -> None:
+    got: list[int] = []
+
+    async def fn(batch: Demotion) -> None:
+        got.append(len(batch))
+
+    CallbackHook(fn).deliver(BATCH)
+    await CallbackHook(fn).adeliver(BATCH)
+    assert got == [2, 2]
+
+
+def test_callback_async_callable_object() -> None:
+    class Fn:
+        def __init__(self) -> None:
+            self.n = 0
+
+        async def __call__(self, batch: Demotion) -> None:
+            self.n += len(batch)
+
+    fn = Fn()
+    hook = CallbackHook(fn)
+    hook.deliver(BATCH)
+    asyncio.run(hook.adeliver(BATCH))
+    assert fn.n == 4
+
+
+def test_callback_failure_propagates() -> None:
+    def boom(batch: Demotion) -> None:
+        raise RuntimeError("nope")
+
+    with pytest.raises(RuntimeError, match="nope"):
+        CallbackHook(boom).deliver(BATCH)
+    with pytest.raises(RuntimeError, match="nope"):
+        asyncio.run(CallbackHook(boom).adeliver(BATCH))
+
+
+def test_callback_needs_a_callable() -> None:
+    with pytest.raises(ConfigError, match="fn"):
+        CallbackHook("not callable")  # type: ignore[arg-type]
+
+
+# -- FanOutHook -----------------------------------------------------------------------------
+
+
+class Rec:
+    def __init__(
+        self, name: str, log: list[str], *, fail: bool = False, held: set[str] | None = None
+    ):
+        self.name, self.log, self.fail = name, log, fail
+        if held is not None:
+            self.held = held
+            self.has_keys = lambda cid, keys: {k for k in keys if k in self.held}
+
+    def deliver(self, batch: Demotion) -> None:
+        self.log.append(self.name)
+        if self.fail:
+            raise RuntimeError(self.name)
+
+
+class AsyncRec:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    async def adeliver(self, batch: Demotion) -> None:
+        self.log.append(self.name)
+
+
+def test_fan_out_delivers_in_order_sync_and_async() -> None:
+    log: list[str] = []
+    hook = FanOutHook(Rec("a", log), AsyncRec("b", log), Rec("c", log))
+    hook.deliver(BATCH)
+    assert log == ["a", "b", "c"]
+    log.clear()
+    asyncio.run(hook.adeliver(BATCH))
+    assert log == ["a", "b", "c"]
+
+
+def test_fan_out_failure_stops_and_propagates() -> None:
+    log: list[str] = []
+    hook = FanOutHook(Rec("a", log), Rec("b", log, fail=True), Rec("c", log))
+    with pytest.raises(RuntimeError, match="b"):
+        hook.deliver(BATCH)
+    assert log == ["a", "b"]
+    log.clear()
+    with pytest.raises(RuntimeError, match="b"):
+        asyncio.run(hook.adeliver(BATCH))
+    assert log == ["a", "b"]
+
+
+def test_fan_out_failure_keeps_the_watermark_through_the_engine() -> None:
+    log: list[str] = []
+    failing = Rec("b", log, fail=True)
+    d = Demoter(SlidingWindow.last_messages(2), FanOutHook(Rec("a", log), failing))
+    msgs = chat(6)
+    assert d.load("c", msgs, describer(d)).start == 0
+    failing.fail = False
+    assert d.load("c", msgs, describer(d)).demoted == 4
+    assert log == ["a", "b", "a", "b"], "the hooks before the failure see the batch again"
+
+
+def test_fan_out_has_keys_is_the_intersection() -> None:
+    log: list[str] = []
+    hook = FanOutHook(Rec("a", log, held={"k0", "k1"}), Rec("b", log, held={"k1", "k2"}))
+    assert hook.has_keys("c", ["k0", "k1", "k2", "k3"]) == {"k1"}
+    blind = FanOutHook(Rec("a", log, held={"k0"}), Rec("b", log))
+    assert blind.has_keys("c", ["k0"]) == set(), "a hook that cannot tell makes it unknown"
+
+
+def test_fan_out_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        FanOutHook()
+    with pytest.raises(ConfigError, match="hook"):
+        FanOutHook(NoopHook(), object())
+
+
+# -- NoopHook and the protocols -------------------------------------------------------------
+
+
+def test_noop_hook() -> None:
+    hook = NoopHook()
+    assert hook.deliver(BATCH) is None
+    assert asyncio.run(hook.adeliver(BATCH)) is None
+    assert isinstance(hook, SyncHook) and isinstance(hook, AsyncHook)
+    d = Demoter(SlidingWindow.last_messages(2))
+    assert isinstance(d.hook, NoopHook)
+    assert d.load("c", chat(6), describer(d)).demoted == 4
+
+
+def test_deliver_helpers_reject_objects_without_deliver() -> None:
+    with pytest.raises(ConfigError):
+        deliver_sync(object(), BATCH)
+    with pytest.raises(ConfigError):
+        asyncio.run(deliver_async(object(), BATCH))
