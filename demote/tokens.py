@@ -41,7 +41,10 @@ def _tiktoken_counter() -> Counter:
         import tiktoken
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("tiktoken", "tiktoken") from exc
-    encoding = tiktoken.get_encoding("cl100k_base")
+    try:
+        encoding = tiktoken.get_encoding("cl100k_base")
+    except Exception as exc:  # first use downloads the encoding: offline, it cannot
+        raise ConfigError(f"counter: cannot load tiktoken's cl100k_base encoding: {exc}") from exc
 
     def count(text: str) -> int:
         return len(encoding.encode(text, disallowed_special=()))
