@@ -22,6 +22,14 @@ The eviction strategy then moves the window start forward over whole groups:
   pending compaction (the engine summarizes them); over ``limit + 2k``, fall back to bulk.
 
 The newest group is never dropped, so a single group larger than the limit stays whole.
+
+Groups are kept in a :class:`~demote._groups.GroupIndex` over the window region: the group
+starts and the cumulative sizes at each start, plus the tool calls opened in the region.
+A plan returns it (``Plan.index``); handed back to the next plan of the same, grown history,
+only the appended records are read and the front groups a new window start dropped are
+sliced off, so a steady-state load costs what was appended, not the window. Every cut is a
+bisection over the cumulative sizes. Without an index (first load, restart, rewrite) one is
+built over the region in one pass; both ways give the same plan.
 The window start never moves backwards; a history that no longer matches the state (shorter
 than the window start, or a different message just before it) is reported as rewritten
 and the caller re-plans from a fresh state.
@@ -31,9 +39,11 @@ No I/O, no clocks, no locks: same input, same output.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from demote._groups import GroupIndex
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord
 
@@ -53,6 +63,10 @@ class Plan:
         compact: ``(lo, hi)`` range pending compaction, or ``None``.
         size: The window's size in the policy's unit once ``window_start`` applies.
         rewritten: The history no longer matches ``state``; nothing else is meaningful.
+        index: The turn groups of the region planned over, ``[max(state.window_start,
+            pinned), end)`` (before this plan's cut): pass it to the next :func:`plan`
+            of the same, grown history so that only the appended records are read.
+            ``None`` when rewritten. Not compared: it describes how, not what.
     """
 
     pinned: int
@@ -62,6 +76,7 @@ class Plan:
     compact: tuple[int, int] | None = None
     size: int = 0
     rewritten: bool = False
+    index: GroupIndex | None = field(default=None, compare=False, repr=False)
 
     @property
     def deliver(self) -> range:
@@ -100,32 +115,13 @@ def turn_groups(records: Sequence[MessageRecord], lo: int = 0) -> list[int]:
     return starts
 
 
-def _unit_sizes(
-    records: Sequence[MessageRecord], starts: list[int], policy: SlidingWindow
-) -> list[int]:
-    ends = [*starts[1:], len(records)]
-    if policy.unit == "turns":
-        return [1] * len(starts)
-    if policy.unit == "messages":
-        return [e - s for s, e in zip(starts, ends, strict=True)]
-    return [sum(r.tokens for r in records[s:e]) for s, e in zip(starts, ends, strict=True)]
-
-
-def _evict_to(limit: int, sizes: list[int], total: int) -> tuple[int, int]:
-    """Drop oldest groups until ``total <= limit``, keeping the newest; (groups, total)."""
-    dropped = 0
-    while total > limit and dropped < len(sizes) - 1:
-        total -= sizes[dropped]
-        dropped += 1
-    return dropped, total
-
-
 def plan(
     policy: SlidingWindow,
     state: ConversationState,
     records: Sequence[MessageRecord],
     *,
     base: int = 0,
+    index: GroupIndex | None = None,
 ) -> Plan:
     """Plan the window for a history, from the previous state.
 
@@ -135,6 +131,9 @@ def plan(
         records: Records of the messages from absolute index ``base`` to the end of the
             history (``base`` must be ``<= needed_from(state)``).
         base: Absolute index of ``records[0]``.
+        index: ``Plan.index`` of an earlier plan whose records are, unchanged, a prefix
+            of this history: only the records appended since are read. The caller
+            vouches for the records; an index that does not fit the state is ignored.
 
     Returns:
         The plan; ``plan.rewritten`` when the history does not match ``state``.
@@ -159,31 +158,40 @@ def plan(
     ):
         return Plan(pinned, start, end, state.delivered, rewritten=True)
 
-    # 3. Turn groups of the window region and the strategy's cut.
-    local = records[start - base :] if base != start else records
-    starts = turn_groups(local)
-    sizes = _unit_sizes(local, starts, policy) if local else []
-    total = sum(sizes)
+    # 3. Turn groups of the window region (only what was appended, given an index).
+    groups = None
+    if index is not None and base <= index.end <= end:
+        groups = index.advance(start)
+    if groups is None:
+        groups = GroupIndex(start, start)
+    groups = groups.extend(records, base=base)
+
+    # 4. The strategy's cut, by bisection over the cumulative sizes.
+    cum, top = groups.cumulative(policy.unit)
+    last = len(groups.starts) - 1
+    total = top - cum[0] if last >= 0 else 0
+    limit = policy.limit
     eviction = policy.eviction
     dropped = 0
     compact: tuple[int, int] | None = None
     if isinstance(eviction, PerItem):
-        dropped, total = _evict_to(policy.limit, sizes, total)
+        if total > limit:
+            dropped = min(bisect_left(cum, top - limit), last)
     elif isinstance(eviction, Bulk):
-        if total > policy.limit + eviction.overflow:
-            dropped, total = _evict_to(policy.limit, sizes, total)
+        if total > limit + eviction.overflow:
+            dropped = min(bisect_left(cum, top - limit), last)
     elif isinstance(eviction, Compact):
         k = eviction.compact_count
-        if total > policy.limit + 2 * k:
-            dropped, total = _evict_to(policy.limit, sizes, total)
-        elif total > policy.limit + k:
-            covered, groups = 0, 0
-            while covered < k and groups < len(sizes) - 1:
-                covered += sizes[groups]
-                groups += 1
-            if groups:
-                compact = (start, start + starts[groups])
-    new_start = start + starts[dropped] if dropped else start
+        if total > limit + 2 * k:
+            dropped = min(bisect_left(cum, top - limit), last)
+        elif total > limit + k:
+            covered = min(bisect_left(cum, cum[0] + k), last)
+            if covered:
+                compact = (start, groups.starts[covered])
+    new_start = start
+    if dropped:
+        new_start = groups.starts[dropped]
+        total = top - cum[dropped]
     return Plan(
         pinned=pinned,
         window_start=new_start,
@@ -191,4 +199,5 @@ def plan(
         deliver_from=max(state.delivered, pinned),
         compact=compact,
         size=total,
+        index=groups,
     )

@@ -1,0 +1,141 @@
+"""The incremental turn-group index the planner keeps over the window region.
+
+:func:`demote.planner.turn_groups` states the rule in two passes over a range: a user
+message starts a group unless a tool call opened earlier in the range is answered at or
+after it. :class:`GroupIndex` is the same rule kept up to date one appended record at a
+time, so a load that appended one or two messages costs one or two steps, not a pass over
+the window:
+
+- a user message optimistically starts a group;
+- a message answering a call opened in the region at ``o`` (its earliest opening there)
+  removes the group starts in ``(o, answer]``. Those are always a suffix of the starts
+  (nothing after the answer exists yet), so this is a truncation. Removing ``(o, a]`` for
+  every answer ``a`` as it arrives removes ``(o, last answer]`` in the end, exactly what
+  the two-pass rule removes;
+- calls stay in the index after their answers (a late duplicate answer still merges), and
+  the openings of every call are kept, so dropping front groups keeps exactly the
+  openings a pass over the shorter range would see.
+
+Moving the region start forward to one of its group starts (:meth:`GroupIndex.advance`)
+slices the index: no call opened before a group start is answered at or after it, so the
+groups behind it are the ones a fresh pass over the shorter range cuts. Sizes are kept as
+cumulative token counts at each group start, so the size of any run of groups, in any
+unit, is a subtraction, and an eviction is a bisection.
+
+Everything here is immutable: an index is valid for the records it was built over, and
+any number of callers may extend the same index independently.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from demote.records import MessageRecord
+
+__all__ = ["GroupIndex"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIndex:
+    """Turn groups of the records in ``[start, end)`` (absolute indexes).
+
+    Attributes:
+        start: First index of the region.
+        end: One past the last index of the region.
+        starts: Absolute start of each group, oldest first; ``starts[0] == start``, and
+            empty only when the region is.
+        tokens_at: Cumulative token count at each group start (from an arbitrary
+            origin: only differences mean anything).
+        tokens: Cumulative token count at ``end`` (same origin).
+        calls: Tool call id -> the indexes in the region where it is opened (never
+            mutated; a new mapping is made when it changes).
+    """
+
+    start: int
+    end: int
+    starts: tuple[int, ...] = ()
+    tokens_at: tuple[int, ...] = ()
+    tokens: int = 0
+    calls: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, records: Sequence[MessageRecord], start: int, *, base: int = 0) -> GroupIndex:
+        """The index of ``[start, base + len(records))``; ``records[0]`` is at ``base``."""
+        return cls(start, start).extend(records, base=base)
+
+    def extend(self, records: Sequence[MessageRecord], *, base: int = 0) -> GroupIndex:
+        """This index grown over the records appended after :attr:`end`.
+
+        ``records[0]`` is at absolute index ``base``; the records in ``[base, end)`` must
+        be the ones the index was built over (only those after :attr:`end` are read).
+        """
+        stop = base + len(records)
+        if stop <= self.end:
+            return self
+        starts = list(self.starts)
+        tokens_at = list(self.tokens_at)
+        tokens = self.tokens
+        calls = self.calls
+        mutable: dict[str, tuple[int, ...]] | None = None  # copy-on-write of ``calls``
+        for i in range(self.end, stop):
+            rec = records[i - base]
+            if rec.role == "user" or not starts:
+                starts.append(i)
+                tokens_at.append(tokens)
+            tokens += rec.tokens
+            answers = rec.answers
+            if answers is not None:
+                opened = calls.get(answers)
+                if opened is not None:
+                    cut = bisect_right(starts, opened[0])
+                    del starts[cut:]
+                    del tokens_at[cut:]
+            if rec.opens:
+                if mutable is None:
+                    calls = mutable = dict(calls)
+                for call_id in rec.opens:
+                    mutable[call_id] = (*mutable.get(call_id, ()), i)
+        return GroupIndex(self.start, stop, tuple(starts), tuple(tokens_at), tokens, calls)
+
+    def advance(self, start: int) -> GroupIndex | None:
+        """This index from ``start`` on, or ``None`` if ``start`` is not a group start.
+
+        ``start`` may also be :attr:`end` (an empty region).
+        """
+        if start == self.start:
+            return self
+        if start == self.end:
+            return GroupIndex(start, start, (), (), self.tokens)
+        if start < self.start or start > self.end:
+            return None
+        at = bisect_left(self.starts, start)
+        if at == len(self.starts) or self.starts[at] != start:
+            return None
+        calls = self.calls
+        if calls:
+            kept = {}
+            for call_id, opened in calls.items():
+                if opened[-1] >= start:
+                    kept[call_id] = opened if opened[0] >= start else _from(opened, start)
+            calls = kept
+        return GroupIndex(
+            start, self.end, self.starts[at:], self.tokens_at[at:], self.tokens, calls
+        )
+
+    def cumulative(self, unit: str) -> tuple[Sequence[int], int]:
+        """Cumulative sizes at each group start in ``unit``, and at :attr:`end`.
+
+        The size of groups ``[a, b)`` is ``cum[b] - cum[a]`` (``total`` for ``b`` past
+        the last group).
+        """
+        if unit == "tokens":
+            return self.tokens_at, self.tokens
+        if unit == "messages":
+            return self.starts, self.end
+        return range(len(self.starts)), len(self.starts)
+
+
+def _from(opened: tuple[int, ...], start: int) -> tuple[int, ...]:
+    return opened[bisect_left(opened, start) :]
