@@ -63,66 +63,76 @@ class GroupIndex:
     @classmethod
     def build(cls, records: Sequence[MessageRecord], start: int, *, base: int = 0) -> GroupIndex:
         """The index of ``[start, base + len(records))``; ``records[0]`` is at ``base``."""
-        return cls(start, start).extend(records, base=base)
+        index = cls(start, start).update(start, records, base=base)
+        assert index is not None
+        return index
 
     def extend(self, records: Sequence[MessageRecord], *, base: int = 0) -> GroupIndex:
-        """This index grown over the records appended after :attr:`end`.
+        """This index grown over the records appended after :attr:`end` (see :meth:`update`)."""
+        index = self.update(self.start, records, base=base)
+        assert index is not None
+        return index
 
-        ``records[0]`` is at absolute index ``base``; the records in ``[base, end)`` must
-        be the ones the index was built over (only those after :attr:`end` are read).
+    def advance(self, start: int) -> GroupIndex | None:
+        """This index from ``start`` on (see :meth:`update`)."""
+        return self.update(start, ())
+
+    def update(
+        self, start: int, records: Sequence[MessageRecord], *, base: int = 0
+    ) -> GroupIndex | None:
+        """The index of ``[start, base + len(records))``: this one moved, then grown.
+
+        Args:
+            start: The new region start: :attr:`start`, a later group start, or
+                :attr:`end` (an empty region); anything else gives ``None``.
+            records: ``records[0]`` is at absolute index ``base``. Those before
+                :attr:`end` must be the ones this index was built over; only those after
+                it are read.
+            base: Absolute index of ``records[0]`` (at most :attr:`end`).
         """
+        starts, tokens_at, calls = self.starts, self.tokens_at, self.calls
+        if start != self.start:
+            if start == self.end:
+                starts = tokens_at = ()
+                calls = {}
+            else:
+                at = bisect_left(starts, start)
+                if start < self.start or at == len(starts) or starts[at] != start:
+                    return None
+                starts, tokens_at = starts[at:], tokens_at[at:]
+                if calls:
+                    calls = {
+                        call_id: opened if opened[0] >= start else _from(opened, start)
+                        for call_id, opened in calls.items()
+                        if opened[-1] >= start
+                    }
         stop = base + len(records)
         if stop <= self.end:
-            return self
-        starts = list(self.starts)
-        tokens_at = list(self.tokens_at)
+            if start == self.start:
+                return self
+            return GroupIndex(start, self.end, starts, tokens_at, self.tokens, calls)
+        grown, grown_at = list(starts), list(tokens_at)
         tokens = self.tokens
-        calls = self.calls
         mutable: dict[str, tuple[int, ...]] | None = None  # copy-on-write of ``calls``
         for i in range(self.end, stop):
             rec = records[i - base]
-            if rec.role == "user" or not starts:
-                starts.append(i)
-                tokens_at.append(tokens)
+            if rec.role == "user" or not grown:
+                grown.append(i)
+                grown_at.append(tokens)
             tokens += rec.tokens
             answers = rec.answers
             if answers is not None:
                 opened = calls.get(answers)
                 if opened is not None:
-                    cut = bisect_right(starts, opened[0])
-                    del starts[cut:]
-                    del tokens_at[cut:]
+                    cut = bisect_right(grown, opened[0])
+                    del grown[cut:]
+                    del grown_at[cut:]
             if rec.opens:
                 if mutable is None:
                     calls = mutable = dict(calls)
                 for call_id in rec.opens:
                     mutable[call_id] = (*mutable.get(call_id, ()), i)
-        return GroupIndex(self.start, stop, tuple(starts), tuple(tokens_at), tokens, calls)
-
-    def advance(self, start: int) -> GroupIndex | None:
-        """This index from ``start`` on, or ``None`` if ``start`` is not a group start.
-
-        ``start`` may also be :attr:`end` (an empty region).
-        """
-        if start == self.start:
-            return self
-        if start == self.end:
-            return GroupIndex(start, start, (), (), self.tokens)
-        if start < self.start or start > self.end:
-            return None
-        at = bisect_left(self.starts, start)
-        if at == len(self.starts) or self.starts[at] != start:
-            return None
-        calls = self.calls
-        if calls:
-            kept = {}
-            for call_id, opened in calls.items():
-                if opened[-1] >= start:
-                    kept[call_id] = opened if opened[0] >= start else _from(opened, start)
-            calls = kept
-        return GroupIndex(
-            start, self.end, self.starts[at:], self.tokens_at[at:], self.tokens, calls
-        )
+        return GroupIndex(start, stop, tuple(grown), tuple(grown_at), tokens, calls)
 
     def cumulative(self, unit: str) -> tuple[Sequence[int], int]:
         """Cumulative sizes at each group start in ``unit``, and at :attr:`end`.

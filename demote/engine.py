@@ -31,14 +31,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, TypeVar
 
 from demote._flow import Deliver, Flow, Sleep, Spawn, Summarize, drive_async, drive_sync
+from demote._groups import GroupIndex
 from demote.errors import ConfigError, HookError
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
@@ -105,11 +107,18 @@ class Window(Generic[T]):
 
 @dataclass(slots=True)
 class _View:
-    """Records of one conversation's recent messages, cached by message identity."""
+    """Records of one conversation's recent messages, cached by message identity.
+
+    ``raws[i]`` is the message at absolute index ``base + i`` and ``records[i]`` its
+    record. ``index`` is the planner's group index over (a suffix of) those records, set
+    once by the load that made the view; it is only handed back to the planner while the
+    messages it covers are the same objects.
+    """
 
     base: int
-    raws: list[Any] = field(default_factory=list)
-    records: list[MessageRecord] = field(default_factory=list)
+    raws: list[Any]
+    records: list[MessageRecord]
+    index: GroupIndex | None = None
 
 
 class Demoter:
@@ -189,23 +198,44 @@ class Demoter:
         messages: Sequence[T],
         lo: int,
         describe: Callable[[T], MessageRecord],
-    ) -> tuple[list[MessageRecord], int]:
-        """Records of ``messages[lo:]``, reusing the cached ones for the same objects."""
-        n = len(messages)
-        lo = min(lo, n)
+    ) -> _View:
+        """A new view of ``messages[lo:]``, reusing the cached records of the same objects.
+
+        The common case, the cached messages from ``lo`` on are the same objects and
+        messages were appended, is checked in one C-level pass and describes only the
+        appended messages; it also keeps the cached group index. Anything else (a message
+        replaced, the history shorter, ``lo`` before the cache) reuses records one by one
+        and drops the index.
+        """
+        lo = min(lo, len(messages))
+        # A list's slice is a fresh list; anything else is copied so the cache owns it.
+        raws = messages[lo:] if type(messages) is list else list(messages[lo:])
         view = self._views.get(conversation_id)
-        raws = list(messages[lo:])
-        out: list[MessageRecord] = []
+        index = None
         if view is None:
-            out = [describe(m) for m in raws]
+            records = [describe(m) for m in raws]
         else:
             vb, vraws, vrecs = view.base, view.raws, view.records
-            vn = len(vraws)
-            for i, m in enumerate(raws, lo):
-                j = i - vb
-                out.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
-        self._views[conversation_id] = _View(lo, raws, out)
-        return out, lo
+            skip = lo - vb
+            kept = len(vraws) - skip  # cached messages from lo on
+            if (
+                skip >= 0
+                and 0 <= kept <= len(raws)
+                and all(map(operator.is_, raws, itertools.islice(vraws, skip, None)))
+            ):
+                records = vrecs[skip:]
+                if kept < len(raws):
+                    records += [describe(m) for m in raws[kept:]]
+                index = view.index
+            else:
+                vn = len(vraws)
+                records = []
+                for i, m in enumerate(raws, lo):
+                    j = i - vb
+                    records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
+        view = _View(lo, raws, records, index)
+        self._views[conversation_id] = view
+        return view
 
     # -- loading --------------------------------------------------------------------------
 
@@ -243,8 +273,9 @@ class Demoter:
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
-            records, base = self._records(cid, messages, needed_from(state), describe)
-            p = plan(self.policy, state, records, base=base)
+            view = self._records(cid, messages, needed_from(state), describe)
+            records, base = view.records, view.base
+            p = plan(self.policy, state, records, base=base, index=view.index)
             resynced = False
             if p.rewritten:
                 logger.warning(
@@ -255,9 +286,11 @@ class Demoter:
                     state.window_start,
                 )
                 state = ConversationState(generation=state.generation + 1)
-                records, base = self._records(cid, messages, 0, describe)
-                p = plan(self.policy, state, records, base=0)
+                view = self._records(cid, messages, 0, describe)
+                records, base = view.records, view.base
+                p = plan(self.policy, state, records, base=0)  # no index: rewritten
                 resynced = True
+            view.index = p.index
             new_state = self._advance(state, p, records, base)
             if not holder:  # another caller is delivering: the committed window, at once
                 start = max(state.window_start, p.pinned)

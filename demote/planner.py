@@ -161,10 +161,9 @@ def plan(
     # 3. Turn groups of the window region (only what was appended, given an index).
     groups = None
     if index is not None and base <= index.end <= end:
-        groups = index.advance(start)
+        groups = index.update(start, records, base=base)
     if groups is None:
-        groups = GroupIndex(start, start)
-    groups = groups.extend(records, base=base)
+        groups = GroupIndex.build(records, start, base=base)
 
     # 4. The strategy's cut, by bisection over the cumulative sizes.
     cum, top = groups.cumulative(policy.unit)
@@ -192,12 +191,5 @@ def plan(
     if dropped:
         new_start = groups.starts[dropped]
         total = top - cum[dropped]
-    return Plan(
-        pinned=pinned,
-        window_start=new_start,
-        end=end,
-        deliver_from=max(state.delivered, pinned),
-        compact=compact,
-        size=total,
-        index=groups,
-    )
+    deliver_from = max(state.delivered, pinned)
+    return Plan(pinned, new_start, end, deliver_from, compact, total, False, groups)
