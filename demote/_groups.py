@@ -111,28 +111,32 @@ class GroupIndex:
             if start == self.start:
                 return self
             return GroupIndex(start, self.end, starts, tokens_at, self.tokens, calls)
-        grown, grown_at = list(starts), list(tokens_at)
+        added: list[int] = []  # group starts (and their token counts) after ``starts``
+        added_at: list[int] = []
         tokens = self.tokens
         mutable: dict[str, tuple[int, ...]] | None = None  # copy-on-write of ``calls``
         for i in range(self.end, stop):
             rec = records[i - base]
-            if rec.role == "user" or not grown:
-                grown.append(i)
-                grown_at.append(tokens)
+            if rec.role == "user" or not (starts or added):
+                added.append(i)
+                added_at.append(tokens)
             tokens += rec.tokens
             answers = rec.answers
             if answers is not None:
                 opened = calls.get(answers)
                 if opened is not None:
-                    cut = bisect_right(grown, opened[0])
-                    del grown[cut:]
-                    del grown_at[cut:]
+                    starts, tokens_at = starts + tuple(added), tokens_at + tuple(added_at)
+                    added, added_at = [], []
+                    cut = bisect_right(starts, opened[0])
+                    starts, tokens_at = starts[:cut], tokens_at[:cut]
             if rec.opens:
                 if mutable is None:
                     calls = mutable = dict(calls)
                 for call_id in rec.opens:
                     mutable[call_id] = (*mutable.get(call_id, ()), i)
-        return GroupIndex(start, stop, tuple(grown), tuple(grown_at), tokens, calls)
+        if added:
+            starts, tokens_at = starts + tuple(added), tokens_at + tuple(added_at)
+        return GroupIndex(start, stop, starts, tokens_at, tokens, calls)
 
     def cumulative(self, unit: str) -> tuple[Sequence[int], int]:
         """Cumulative sizes at each group start in ``unit``, and at :attr:`end`.

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Literal, TypeVar
 
 from demote._flow import Deliver, Flow, Sleep, Spawn, Summarize, drive_async, drive_sync
@@ -77,6 +77,13 @@ _GATE_POLL_SECONDS = 0.02
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# ConversationState's fields in constructor order, and where the watermarks a load moves sit.
+_STATE_FIELDS = tuple(f.name for f in fields(ConversationState) if f.init)
+_state_values = operator.attrgetter(*_STATE_FIELDS)
+_WATERMARKS = ("window_start", "delivered", "pinned", "anchor")
+_watermarks = operator.attrgetter(*_WATERMARKS)
+_WATERMARK_AT = tuple(_STATE_FIELDS.index(name) for name in _WATERMARKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +232,7 @@ class Demoter:
             ):
                 records = vrecs[skip:]
                 if kept < len(raws):
-                    records += [describe(m) for m in raws[kept:]]
+                    records.extend(map(describe, raws[kept:]))
                 index = view.index
             else:
                 vn = len(vraws)
@@ -263,13 +270,11 @@ class Demoter:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
     ) -> Flow[Window[T]]:
-        cid = validate_conversation_id(conversation_id)
+        cid = conversation_id
+        if type(cid) is not str or cid not in self._epochs:  # known ids were validated
+            cid = validate_conversation_id(conversation_id)
         token = object()
-        with self._lock:
-            epoch = self._epochs.get(cid)
-            if epoch is None:
-                epoch = self._epochs[cid] = next(self._epoch_clock)
-        holder = self._try_gate(cid, token)
+        epoch, holder = self._enter(cid, token)
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
@@ -303,19 +308,24 @@ class Demoter:
                     cid,
                 )
             demoted = 0
-            # After a re-sync the watermark restarted at 0: what the hook already holds
-            # from before the rewrite must not be offered again, now or on later loads.
-            known = resynced or state.generation > 0
-            batch = self._batch(cid, messages, records, base, p.deliver, skip_known=known)
-            if batch.messages:
-                try:
-                    yield Deliver(self.hook, batch, self.hook_timeout)
-                except Exception as exc:
-                    self._hook_failed(cid, batch, exc)
-                    start = max(state.window_start, p.pinned)
-                    return self._window(cid, messages, p.pinned, start, state.summary)
-                demoted = len(batch.messages)
-            changed = new_state != (stored or ConversationState())
+            if p.deliver and type(self.hook) is NoopHook:  # it keeps nothing: no batch
+                demoted = len(p.deliver)
+            elif p.deliver:
+                # After a re-sync the watermark restarted at 0: what the hook already holds
+                # from before the rewrite must not be offered again, now or on later loads.
+                known = resynced or state.generation > 0
+                batch = self._batch(cid, messages, records, base, p.deliver, skip_known=known)
+                if batch.messages:
+                    try:
+                        yield Deliver(self.hook, batch, self.hook_timeout)
+                    except Exception as exc:
+                        self._hook_failed(cid, batch, exc)
+                        start = max(state.window_start, p.pinned)
+                        return self._window(cid, messages, p.pinned, start, state.summary)
+                    demoted = len(batch.messages)
+            # _advance returns ``state`` itself when nothing moved, and ``state`` is the
+            # stored one (or a fresh one, when none is stored) unless we re-synced.
+            changed = resynced or new_state is not state
             if changed and not self._commit(cid, epoch, stored, new_state):
                 return self._window(
                     cid, messages, p.pinned, p.window_start, new_state.summary, demoted
@@ -410,12 +420,27 @@ class Demoter:
                 self._release_gate(cid, gate)
             self._release(self._compacting, cid, token)
 
+    def _enter(self, cid: str, token: object) -> tuple[int, bool]:
+        """The conversation's epoch (made on first use), and :meth:`_try_gate`, in one lock."""
+        with self._lock:
+            epoch = self._epochs.get(cid)
+            if epoch is None:
+                epoch = self._epochs[cid] = next(self._epoch_clock)
+            if cid in self._gates:
+                return epoch, False
+            self._gates[cid] = token
+        return epoch, self._lease(cid, token)
+
     def _try_gate(self, cid: str, token: object) -> bool:
         """Take the conversation's in-flight gate, and the store's lease if it has them."""
         with self._lock:
             if cid in self._gates:
                 return False
             self._gates[cid] = token
+        return self._lease(cid, token)
+
+    def _lease(self, cid: str, token: object) -> bool:
+        """Take the store's lease for a gate ``token`` holds; on failure, free the gate."""
         acquire = getattr(self.state, "acquire_lease", None)
         if acquire is None:
             return True
@@ -459,16 +484,15 @@ class Demoter:
     def _advance(
         self, state: ConversationState, p: Plan, records: list[MessageRecord], base: int
     ) -> ConversationState:
-        anchor = (
-            records[p.window_start - 1 - base].fingerprint if p.window_start > p.pinned else None
-        )
-        return replace(
-            state,
-            window_start=p.window_start,
-            delivered=max(state.delivered, p.window_start),
-            pinned=p.pinned,
-            anchor=anchor,
-        )
+        start = p.window_start
+        anchor = records[start - 1 - base].fingerprint if start > p.pinned else None
+        moved = (start, max(state.delivered, start), p.pinned, anchor)
+        if moved == _watermarks(state):
+            return state
+        values = list(_state_values(state))  # dataclasses.replace, without its introspection
+        for at, value in zip(_WATERMARK_AT, moved, strict=True):
+            values[at] = value
+        return ConversationState(*values)
 
     def _batch(
         self,
@@ -519,9 +543,10 @@ class Demoter:
     ) -> Window[T]:
         n = len(messages)
         start = min(start, n)
-        return Window(
-            cid, list(messages[:pinned]), summary, list(messages[start:]), start, n, demoted
-        )
+        head, kept = messages[:pinned], messages[start:]
+        if type(messages) is not list:  # a list's slices are already fresh lists
+            head, kept = list(head), list(kept)
+        return Window(cid, head, summary, kept, start, n, demoted)  # type: ignore[arg-type]
 
     # -- lifecycle -------------------------------------------------------------------------
 
