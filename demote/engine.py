@@ -11,7 +11,11 @@ conversation's full history and a function that describes one message as a
    are cached per conversation by message identity, so an unchanged window is not
    re-described, and each message's tokens are counted once in its life);
 3. runs the pure planner; a history that no longer matches the state is re-synced from a
-   fresh state, and messages whose keys the hook already holds are not offered again;
+   fresh state, and messages whose keys the hook already holds are not offered again.
+   The planner's group index (``Plan.index``) is cached with the records and handed back
+   while the cached messages are still the same objects, so a load that appended one
+   message plans over one message, not the window; any mismatch, a re-sync, ``clear`` or
+   ``forget`` drops it and the next plan builds it afresh;
 4. if the plan demotes messages and this caller holds the gate, hands them to the hook as
    one :class:`~demote.records.Demotion`, then commits the new watermark with
    compare-and-set. A caller without the gate returns the planned window at once: the
@@ -543,10 +547,11 @@ class Demoter:
     ) -> Window[T]:
         n = len(messages)
         start = min(start, n)
-        head, kept = messages[:pinned], messages[start:]
-        if type(messages) is not list:  # a list's slices are already fresh lists
-            head, kept = list(head), list(kept)
-        return Window(cid, head, summary, kept, start, n, demoted)  # type: ignore[arg-type]
+        if type(messages) is list:  # a list's slices are already fresh lists
+            head, kept = messages[:pinned], messages[start:]
+        else:
+            head, kept = list(messages[:pinned]), list(messages[start:])
+        return Window(cid, head, summary, kept, start, n, demoted)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -311,3 +311,54 @@ def test_an_unchanged_history_reads_no_records_but_the_anchor() -> None:
     grown = [*records, record_of(Msg("user", "new"))]
     p = plan(policy, state, Counting(grown[lo:]), base=lo, index=again.index)
     assert p == plan(policy, state, grown[lo:], base=lo) and Counting.reads <= 3
+
+
+# -- the engine: its cached index changes nothing a load returns, delivers or commits -------
+
+
+@SETTINGS
+@given(policies(small=True) | policies(), histories, st.data())
+def test_engine_with_cached_index_equals_engine_without(
+    policy: SlidingWindow, msgs: list[Msg], data: st.DataObject
+) -> None:
+    """Appends, reloads, copies and edits of cached messages, tuples, clears: same results."""
+    from demote.engine import Demoter
+    from demote.hooks.simple import CallbackHook
+    from tests.strategies import describer, unique
+
+    msgs = unique(msgs)
+    got: dict[str, list[tuple[int, str]]] = {"cached": [], "fresh": []}
+
+    def sink(name: str) -> CallbackHook:
+        return CallbackHook(lambda b: got[name].extend((m.index, m.key) for m in b.messages))
+
+    cached = Demoter(policy, sink("cached"))
+    fresh = Demoter(policy, sink("fresh"))
+    history: list[Msg] = []
+    at = 0
+    for _ in range(data.draw(st.integers(1, 2 * len(msgs) + 2), label="loads")):
+        op = data.draw(
+            st.sampled_from(["append", "append", "append", "copy", "edit", "tuple", "clear"]),
+            label="op",
+        )
+        if op == "append" or not history:
+            take = data.draw(st.integers(1, 3), label="append how many")
+            history += msgs[at : at + take]
+            at += take
+        elif op == "copy":  # the same content in a new object (a store that re-reads)
+            i = data.draw(st.integers(0, len(history) - 1), label="copy which")
+            history[i] = replace(history[i])
+        elif op == "edit":  # different content: maybe a rewrite
+            i = data.draw(st.integers(0, len(history) - 1), label="edit which")
+            history[i] = replace(history[i], text=history[i].text + " (edited)")
+        elif op == "clear":
+            cached.clear("c")
+            fresh.clear("c")
+        fresh._views.clear()  # no cached records, no index: every plan from scratch
+        seen = tuple(history) if op == "tuple" else history
+        a = cached.load("c", seen, describer(cached))
+        b = fresh.load("c", seen, describer(fresh))
+        assert (a.start, a.total, a.demoted, a.summary) == (b.start, b.total, b.demoted, b.summary)
+        assert a.messages == b.messages and a.pinned == b.pinned
+        assert cached.state_of("c") == fresh.state_of("c")
+        assert got["cached"] == got["fresh"]
