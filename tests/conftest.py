@@ -82,3 +82,27 @@ def postgres_url() -> str:
     except Exception as exc:
         pytest.fail(f"postgres at {url} is unreachable: {exc}")
     return url
+
+
+@pytest.fixture(autouse=True)
+def _close_leftover_event_loop() -> Iterator[None]:
+    """Close an event loop a test left set on the main thread.
+
+    LlamaIndex's sync APIs (``asyncio_run``) create a loop with ``get_event_loop`` and
+    never close it; left alone it is garbage-collected during a later test, whose strict
+    warnings then fail on the ResourceWarning.
+    """
+    yield
+    import asyncio
+    import warnings
+
+    policy = asyncio.get_event_loop_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            loop = policy.get_event_loop()
+        except RuntimeError:
+            return
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+    policy.set_event_loop(None)
