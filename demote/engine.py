@@ -75,6 +75,9 @@ def render_summary(summary: str) -> str:
 
 logger = logging.getLogger("demote")
 
+# How many fingerprints of messages that left the window a conversation's view remembers.
+_LEFT_KEPT = 256
+
 # A finished summary waits this long, at most, for a delivery in flight to end.
 _GATE_POLLS = 200
 _GATE_POLL_SECONDS = 0.02
@@ -121,15 +124,19 @@ class _View:
     """Records of one conversation's recent messages, cached by message identity.
 
     ``raws[i]`` is the message at absolute index ``base + i`` and ``records[i]`` its
-    record. ``index`` is the planner's group index over (a suffix of) those records, set
-    once by the load that made the view; it is only handed back to the planner while the
-    messages it covers are the same objects.
+    record; ``left[i]`` is the fingerprint of the message at ``left_base + i``, one of the
+    newest that moved out of the view (kept to recognise a stale, shorter snapshot).
+    ``index`` is the planner's group index over (a suffix of) those records, set once by
+    the load that made the view; it is only handed back to the planner while the messages
+    it covers are the same objects.
     """
 
     base: int
     raws: list[Any]
     records: list[MessageRecord]
     index: GroupIndex | None = None
+    left_base: int = 0
+    left: tuple[str, ...] = ()  # fingerprints of the newest messages that left the view
 
 
 class Demoter:
@@ -244,9 +251,42 @@ class Demoter:
                 for i, m in enumerate(raws, lo):
                     j = i - vb
                     records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
-        view = _View(lo, raws, records, index)
+        left_base, left = (0, ()) if view is None else (view.left_base, view.left)
+        if view is not None and 0 < lo - view.base <= len(view.records):
+            left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
+            left = left[-_LEFT_KEPT:]
+            left_base = lo - len(left)
+        view = _View(lo, raws, records, index, left_base, left)
         self._views[conversation_id] = view
         return view
+
+    def _is_stale(
+        self, cid: str, messages: Sequence[T], describe: Callable[[T], MessageRecord]
+    ) -> bool:
+        """Is ``messages`` an older copy of the history (its last message is one we saw)?"""
+        n = len(messages)
+        if n == 0:
+            return True
+        view = self._views.get(cid)
+        if view is None:
+            return False
+        i, fp = n - 1, describe(messages[n - 1]).fingerprint
+        if view.base <= i < view.base + len(view.records):
+            return view.records[i - view.base].fingerprint == fp
+        j = i - view.left_base
+        return 0 <= j < len(view.left) and view.left[j] == fp
+
+    def _snapshot_window(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        state: ConversationState,
+    ) -> Window[T]:
+        """The window of a stale copy, planned on its own: nothing delivered or committed."""
+        p = plan(self.policy, ConversationState(), [describe(m) for m in messages])
+        summary = state.summary if state.summarized <= len(messages) else None
+        return self._window(cid, messages, p.pinned, p.window_start, summary)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -282,6 +322,10 @@ class Demoter:
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
+            if len(messages) < state.window_start and self._is_stale(cid, messages, describe):
+                # A request that read the history before a newer one appended to it (and
+                # committed): not a rewrite. Plan its window, change nothing.
+                return self._snapshot_window(cid, messages, describe, state)
             view = self._records(cid, messages, needed_from(state), describe)
             records, base = view.records, view.base
             p = plan(self.policy, state, records, base=base, index=view.index)

@@ -391,7 +391,7 @@ def test_watermarks_persist_across_a_new_demoter(tmp_path: Path) -> None:
     d2.state.close()
 
 
-@pytest.mark.parametrize("rewrite", ["shorter", "edited"])
+@pytest.mark.parametrize("rewrite", ["diverged", "edited"])
 def test_rewritten_history_is_resynced_without_redelivery(
     rewrite: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -401,8 +401,8 @@ def test_rewritten_history_is_resynced_without_redelivery(
     load(d, "c", msgs)
     before = d.state_of("c")
     assert before.window_start == 6
-    if rewrite == "shorter":
-        changed = msgs[:5]
+    if rewrite == "diverged":  # shorter, and not a copy of what was seen
+        changed = [*msgs[:4], Msg("user", "a different question")]
         expect_start, new_keys = 2, 0  # 0 and 1 are held already
     else:
         changed = [*msgs[:5], Msg("assistant", "edited"), *msgs[6:]]
@@ -421,6 +421,29 @@ def test_rewritten_history_is_resynced_without_redelivery(
     with caplog.at_level(logging.WARNING, logger="demote"):
         assert load(d, "c", changed).demoted == 0
     assert "no longer matches" not in caplog.text
+
+
+def test_truncated_copy_is_served_without_commit_then_resynced_once_it_diverges(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A prefix of what was seen is indistinguishable from a stale read: it gets its own
+    # window and changes nothing; new content after it is a rewrite, re-synced then.
+    hook = KeyedHook()
+    d = Demoter(LAST4, hook)
+    msgs = chat(10)
+    load(d, "c", msgs)
+    before = d.state_of("c")
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        w = load(d, "c", msgs[:5])
+    assert "no longer matches" not in caplog.text
+    assert (w.start, w.demoted) == (2, 0)
+    assert d.state_of("c") == before
+    continued = [*msgs[:5], Msg("assistant", "a new answer")]
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        w = load(d, "c", continued)
+    assert "no longer matches" in caplog.text
+    assert w.start == 2 and hook.duplicates() == 0
+    assert d.state_of("c").generation == before.generation + 1
 
 
 # -- sync and async hooks from either side ------------------------------------------------

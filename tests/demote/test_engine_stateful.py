@@ -63,6 +63,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.hook = SwitchableHook()
         self.histories: dict[str, list[Msg]] = {cid: [] for cid in CIDS}
         self.synced: dict[str, bool] = dict.fromkeys(CIDS, True)
+        self.seen: set[str] = set()  # conversations this Demoter has loaded
         self.calls = itertools.count()
         self.restarts = 0
 
@@ -123,6 +124,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert key_of(cid, i, history[i]) in self.hook.store, f"message {i} lost"
         if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
             self.synced[cid] = True
+        self.seen.add(cid)
 
     @rule(
         cid=st.sampled_from(CIDS), how=st.sampled_from(["clear", "forget"]), roll=st.integers(0, 3)
@@ -140,12 +142,33 @@ class EngineMachine(RuleBasedStateMachine):
         then=st.sampled_from(["sync", "async", None]),
     )
     def rewrite_shorter(self, cid: str, drop: int, then: str | None) -> None:
-        """Drop messages from the end, outside the engine (then usually load)."""
+        """Drop messages from the end and write a new one, outside the engine.
+
+        (A bare truncation is a copy of what the engine saw: see ``stale_read``.)
+        """
         history = self.histories[cid]
         del history[max(0, len(history) - drop) :]
+        history += unique([Msg("user", "rewritten")], cid)
         self.synced[cid] = False
         if then is not None:
             self.load(cid, then == "async")
+
+    @rule(cid=st.sampled_from(CIDS), behind=st.integers(1, 8), use_async=st.booleans())
+    def stale_read(self, cid: str, behind: int, use_async: bool) -> None:
+        """A slow request loads a copy read before the newest appends: nothing changes."""
+        history = self.histories[cid]
+        stale = history[: max(0, len(history) - behind)]
+        d = self.demoter
+        before = d.state_of(cid)
+        if use_async:
+            w = asyncio.run(d.aload(cid, stale, describer(d)))
+        else:
+            w = d.load(cid, stale, describer(d))
+        assert w.messages == stale[w.start :] and w.pinned == stale[: len(w.pinned)]
+        if len(stale) < before.window_start and self.synced[cid] and cid in self.seen:
+            assert d.state_of(cid) == before, "a stale copy must not move the state"
+        # (A Demoter that has not loaded the conversation since its start cannot tell a
+        # stale copy from a truncation: it re-syncs, and key-aware hooks skip what they hold.)
 
     @rule(fail=st.integers(0, 2).map(lambda n: n == 2))
     def switch_hook(self, fail: bool) -> None:
@@ -156,6 +179,7 @@ class EngineMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         self.demoter.state.close()
         self.demoter = self._new_demoter()
+        self.seen.clear()
         self.hook.this_process.clear()
         self.restarts += 1
 
