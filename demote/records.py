@@ -16,6 +16,7 @@ from demote.errors import ConfigError
 
 __all__ = [
     "ROLES",
+    "ROLE_ALIASES",
     "CapturedTurn",
     "ConversationState",
     "DemotedMessage",
@@ -29,6 +30,19 @@ __all__ = [
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+#: Role names other libraries use, mapped to the core's (LangChain's message types,
+#: OpenAI's roles).
+ROLE_ALIASES: dict[str, Role] = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | None = None) -> str:

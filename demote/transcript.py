@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from demote.errors import TranscriptError
-from demote.records import Role
+from demote.records import ROLE_ALIASES, Role
 
 __all__ = [
     "Format",
@@ -41,16 +41,7 @@ __all__ = [
 
 Format = Literal["auto", "jsonl", "langchain", "locomo"]
 
-_ROLES: dict[str, Role] = {
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "ai": "assistant",
-    "system": "system",
-    "developer": "system",
-    "tool": "tool",
-    "function": "tool",
-}
+_ROLES = ROLE_ALIASES
 # messages_to_dict writes message.type; chunks carry their class name.
 _CHUNK_TYPES: dict[str, Role] = {
     "HumanMessageChunk": "user",

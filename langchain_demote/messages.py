@@ -27,20 +27,11 @@ from langchain_core.messages import (
 )
 
 from demote.engine import Window, render_summary
-from demote.records import MessageRecord, Role
+from demote.records import ROLE_ALIASES, MessageRecord, Role
 
 __all__ = ["Describe", "from_core", "message_role", "message_text", "to_core"]
 
-_CHAT_ROLES: dict[str, Role] = {
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "ai": "assistant",
-    "system": "system",
-    "developer": "system",
-    "tool": "tool",
-    "function": "tool",
-}
+_CHAT_ROLES = ROLE_ALIASES
 
 
 class Describe(Protocol):
