@@ -29,10 +29,10 @@ for _name, _value in (
 ):
     os.environ.setdefault(_name, _value)
 
-from bench import cache_cost, turn_cost  # noqa: E402
+from bench import cache_cost, capture_scale, turn_cost  # noqa: E402
 from bench.common import RESULTS, agg_backend, environment, locomo_dir, write_json  # noqa: E402
 
-SECTIONS = {"1": "turn_cost", "2": "cache_cost", "3": "recall"}
+SECTIONS = {"1": "turn_cost", "2": "cache_cost", "3": "recall", "4": "capture"}
 
 
 def recall_section(*, quick: bool, out: Path, quiet: bool) -> dict[str, Any] | None:
@@ -151,6 +151,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif name == "cache_cost":
             print(
                 cache_cost.report(cache_cost.run(quick=args.quick, out=args.out, quiet=args.quiet))
+            )
+        elif name == "capture":
+            print(
+                capture_scale.report(
+                    capture_scale.run(quick=args.quick, out=args.out, quiet=args.quiet)
+                )
             )
         else:
             payload = recall_section(quick=args.quick, out=args.out, quiet=args.quiet)

@@ -29,6 +29,7 @@ def test_quick_bench_writes_every_section(
     printed = capsys.readouterr().out
     assert "## 1. Per-turn overhead" in printed
     assert "## 2. Prompt-cache cost" in printed
+    assert "## 4. Capture and scale" in printed
     assert "Timing:" in printed
 
     turn = json.loads((tmp_path / "turn_cost.json").read_text())
@@ -46,7 +47,15 @@ def test_quick_bench_writes_every_section(
     assert "LangChain trim_messages" in rows
     assert any(label.startswith("LlamaIndex Memory") for label in rows)
 
-    for section in ("turn_cost", "cache_cost"):
+    capture = json.loads((tmp_path / "capture.json").read_text())
+    rows = {r["setup"]: r for r in capture["latency"]["rows"]}
+    assert {"no capture", "Recorder(sink)", "Recorder(sink, outbox=SQLiteOutbox)"} <= set(rows)
+    durable = rows["Recorder(sink, outbox=SQLiteOutbox)"]
+    assert durable["left_in_outbox"] >= 1  # closed while the sink was busy
+    assert capture["memory"]["store_bytes_per_conversation"] > 0
+    assert capture["sqlite"]["loads_per_second"]["1"] > 0
+
+    for section in ("turn_cost", "cache_cost", "capture"):
         assert (tmp_path / f"{section}.png").read_bytes()[:4] == b"\x89PNG"
     if (tmp_path / "recall.json").exists():
         recall = json.loads((tmp_path / "recall.json").read_text())
