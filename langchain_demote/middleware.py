@@ -53,7 +53,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, NotRequired, TypedDict, cast, overload
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast, overload
 
 try:
     import langchain.agents  # noqa: F401
@@ -70,7 +70,14 @@ from langchain.agents.middleware.types import (
     ModelResponse,
     PrivateStateAttr,
 )
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, RemoveMessage, SystemMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+)
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from langgraph.types import Command
@@ -310,6 +317,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             names (``lambda rt: thread_conversation_id(rt) + "/researcher"``).
         prune_state: Remove messages from the agent state once the hook has accepted
             them (the default keeps the full history in the checkpoint).
+        recall_role: The role of the recall message: ``"system"`` (default), or
+            ``"human"`` for providers that accept system messages only at the start
+            (Anthropic's chat models do).
 
     Raises:
         ConfigError: An option is invalid.
@@ -325,6 +335,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         recall_k: int = 4,
         conversation_id: Callable[[Runtime[Any]], str] | None = None,
         prune_state: bool = False,
+        recall_role: Literal["system", "human"] = "system",
     ) -> None:
         super().__init__()
         if not isinstance(demoter, Demoter):
@@ -338,6 +349,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         self.recall_k = recall_k
         self.conversation_id = conversation_id or thread_conversation_id
         self.prune_state = bool(prune_state)
+        if recall_role not in ("system", "human"):
+            raise ConfigError(f"recall_role: must be 'system' or 'human', got {recall_role!r}")
+        self._recall_message = SystemMessage if recall_role == "system" else HumanMessage
 
     # -- the two entry points: everything but the awaited I/O is shared ------------------
 
@@ -390,7 +404,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                 # Only the long tail: a message still in the window is sent anyway.
                 hits = [h for h in hits if h.index < window.start]
                 if hits:
-                    sent.insert(at, SystemMessage(render_recall(hits)))
+                    sent.insert(at, self._recall_message(render_recall(hits)))
 
         update = self._prune_update(cid, request.messages, pruned) if self.prune_state else None
         return _Prepared(request.override(messages=cast("list[AnyMessage]", sent)), update)

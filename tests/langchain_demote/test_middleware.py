@@ -259,7 +259,9 @@ def check_sent(sent: list[BaseMessage], limit: int, *, pinned: bool = True) -> s
         for other in others:
             assert f"{other} turn" not in m.text, (thread, m.text)
     # bounded: within the limit, or nothing but the newest turn group
-    body = [m for m in sent if not isinstance(m, SystemMessage)]
+    body = [
+        m for m in sent if not isinstance(m, SystemMessage) and not m.text.startswith(RECALL_PREFIX)
+    ]
     first_human = next(i for i, m in enumerate(body) if isinstance(m, HumanMessage))
     assert first_human == 0, "the window starts on a turn group"
     if len(body) > limit:
@@ -314,6 +316,7 @@ class Run:
     checked: int = 0
     recall: Any = None
     hook: Any = None
+    recall_role: Any = "system"
     bounded: bool = True  # False while the hook is down: the window keeps what it holds
 
     def start(self, state: Any = None) -> None:
@@ -328,7 +331,10 @@ class Run:
         self.checked = 0
         self.demoter = Demoter(self.policy, self.hook or self.recorder, state=state)
         middleware = DemotingMiddleware(
-            demoter=self.demoter, recall=self.recall, prune_state=self.prune
+            demoter=self.demoter,
+            recall=self.recall,
+            prune_state=self.prune,
+            recall_role=self.recall_role,
         )
         self.agent = create_agent(
             self.model,
@@ -504,6 +510,37 @@ def test_prune_restart_with_lost_demotion_state_reseeds(tmp_path: Path) -> None:
 
 
 # -- recall, options, errors ---------------------------------------------------------------
+
+
+def test_recall_can_be_sent_as_a_human_message(tmp_path: Path) -> None:
+    # For providers that accept system messages only at the start of the prompt.
+    archive = SQLiteArchive(tmp_path / "archive.db")
+    run = Run(SyncFlavour(), tmp_path, "memory", SlidingWindow.last_messages(8))
+    run.hook = run.recall = archive
+    run.recall_role = "human"
+    run.start()
+    run.turn("t1", 0)
+    run.flavour.invoke(
+        run.agent,
+        {"messages": [HumanMessage("t1 turn 1: quick my locker code is 4417")]},
+        config("t1"),
+    )
+    for n in range(2, 7):
+        run.turn("t1", n)
+    run.model.calls.clear()
+    run.checked = 0
+    run.flavour.invoke(
+        run.agent,
+        {"messages": [HumanMessage("t1 turn 9: quick what is my locker code")]},
+        config("t1"),
+    )
+    (sent,) = run.model.calls
+    recalled = [m for m in sent if m.text.startswith(RECALL_PREFIX)]
+    assert len(recalled) == 1 and isinstance(recalled[0], HumanMessage)
+    assert "4417" in recalled[0].text and sent.index(recalled[0]) == len(sent) - 2
+    assert [i for i, m in enumerate(sent) if isinstance(m, SystemMessage)] == [0, 1]
+    with pytest.raises(ConfigError, match="recall_role"):
+        DemotingMiddleware(demoter=Demoter(SlidingWindow.last_messages(8)), recall_role="tool")  # type: ignore[arg-type]
 
 
 def test_recall_is_one_system_message_before_the_newest_human(tmp_path: Path) -> None:
