@@ -94,13 +94,13 @@ def _settings(quick: bool) -> dict[str, Any]:
             "load_repeats": 1,
         }
     return {
-        "rounds": 5,
+        "rounds": 7,
         "turns_per_round": 1000,
         "inline_turns": 3,
         "sink_seconds": SINK_SECONDS,
         "conversations": CONVERSATIONS,
-        "load_seconds": 1.5,
-        "load_repeats": 3,
+        "load_seconds": 0.5,
+        "load_repeats": 10,
     }
 
 
@@ -337,6 +337,7 @@ def _drive(demoter: Any, cids: list[str], pool: list[tuple[str, str]]) -> dict[s
 def memory_per_conversation(n: int, pool: list[tuple[str, str]]) -> dict[str, Any]:
     from demote import Demoter, SlidingWindow
     from demote.state import InMemoryStateStore
+    from demote.tokens import TokenCache
 
     cids = [f"conversation-{i:06d}" for i in range(n)]
     gc.collect()
@@ -351,6 +352,9 @@ def memory_per_conversation(n: int, pool: list[tuple[str, str]]) -> dict[str, An
         del histories
         gc.collect()
         with_caches = tracemalloc.get_traced_memory()[0]
+        demoter.tokens = TokenCache(demoter.policy.counter)  # drop the token-count cache
+        gc.collect()
+        without_tokens = tracemalloc.get_traced_memory()[0]
         del demoter
         gc.collect()
         store_only = tracemalloc.get_traced_memory()[0]
@@ -362,6 +366,7 @@ def memory_per_conversation(n: int, pool: list[tuple[str, str]]) -> dict[str, An
         "demoted_per_conversation": demoted / n,
         "store_bytes_per_conversation": (store_only - start) / n,
         "demoter_cache_bytes_per_conversation": (with_caches - store_only) / n,
+        "token_cache_bytes_per_conversation": (with_caches - without_tokens) / n,
         "everything_bytes_per_conversation": (loaded - start) / n,
     }
 
@@ -433,6 +438,9 @@ def sqlite_scale(
         "file_bytes": size,
         "file_bytes_per_conversation": size / n,
         "loads_per_second": {str(k): statistics.median(v) for k, v in throughput.items()},
+        "loads_per_second_range": {str(k): [min(v), max(v)] for k, v in throughput.items()},
+        # Each repetition runs 1 and 2 threads back to back: the ratio is paired per run.
+        "two_thread_ratios": [b / a for a, b in zip(throughput[1], throughput[2], strict=True)],
         "loads_per_second_runs": {str(k): v for k, v in throughput.items()},
         "load_seconds_per_run": cfg["load_seconds"],
     }
@@ -599,24 +607,36 @@ def report(payload: dict[str, Any]) -> str:
             "",
         ]
     mem, sq = payload["memory"], payload["sqlite"]
-    lps = sq["loads_per_second"]
+    lps, spread, ratios = (
+        sq["loads_per_second"],
+        sq["loads_per_second_range"],
+        sq["two_thread_ratios"],
+    )
     scale_rows = [
         {
             "what": "InMemoryStateStore, bytes per conversation (tracemalloc)",
             "value": f"{mem['store_bytes_per_conversation']:,.0f} B",
         },
         {
-            "what": "  + the Demoter's in-process caches (records of the window), per conv.",
-            "value": f"{mem['demoter_cache_bytes_per_conversation']:,.0f} B",
+            "what": "  + the Demoter's in-process caches, per conversation",
+            "value": f"{mem['demoter_cache_bytes_per_conversation']:,.0f} B "
+            f"(token counts {mem['token_cache_bytes_per_conversation']:,.0f} B)",
         },
         {
             "what": "SQLiteStateStore, file bytes per conversation",
             "value": f"{sq['file_bytes_per_conversation']:,.0f} B",
         },
-        {"what": "SQLite Demoter.load per second, 1 thread", "value": f"{lps['1']:,.0f}"},
+        {
+            "what": "SQLite Demoter.load per second, 1 thread",
+            "value": f"{lps['1']:,.0f} ({spread['1'][0]:,.0f}-{spread['1'][1]:,.0f})",
+        },
         {
             "what": "SQLite Demoter.load per second, 2 threads",
-            "value": f"{lps['2']:,.0f} ({lps['2'] / lps['1']:.2f}x)",
+            "value": f"{lps['2']:,.0f} ({spread['2'][0]:,.0f}-{spread['2'][1]:,.0f})",
+        },
+        {
+            "what": "2 threads / 1 thread, median of paired runs",
+            "value": f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
         },
     ]
     lines.append(table(scale_rows, [("what", "tracked conversations", ""), ("value", "", "")]))
@@ -627,7 +647,8 @@ def report(payload: dict[str, Any]) -> str:
         f"{sq['demoted_per_conversation']:.1f} messages demoted per conversation by real "
         "loads. Loads/s: a random tracked conversation, one message appended, then "
         f"Demoter.load (most demote one message: a write transaction); median of "
-        f"{cfg['load_repeats']} alternated {cfg['load_seconds']:g}-s runs; the GIL and the "
+        f"{cfg['load_repeats']} alternated {cfg['load_seconds']:g}-s runs (min-max in "
+        "brackets); the GIL and the "
         "store's single locked connection serialise the two threads.",
         *payload["notes"],
         f"({payload['seconds']:.1f} s)",
