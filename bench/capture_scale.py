@@ -527,7 +527,7 @@ def _plot(payload: dict[str, Any], out: Path) -> str | None:
     lps = payload["sqlite"]["loads_per_second"]
     right.bar(["1 thread", "2 threads"], [lps["1"], lps["2"]])
     right.set_ylabel("Demoter.load per second")
-    right.set_title(f"SQLite state, {payload['sqlite']['conversations']:,} conversations")
+    right.set_title(f"SQLite, {payload['sqlite']['conversations']:,} conv.")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{SECTION}.png"
     fig.savefig(path, dpi=110)
