@@ -6,14 +6,34 @@ duplicates; :func:`quote` turns each term into an FTS5 string literal, so charac
 as ``"``, ``*``, ``:``, ``-``, ``^`` or the words ``AND``/``OR``/``NOT``/``NEAR`` are only
 ever matched as text. Stemming is left to the index's ``porter`` tokenizer, which stems a
 quoted query term the same way it stemmed the stored text.
+
+Where the archive needs the index's own tokens outside the index (its per-conversation
+term statistics, the stems of query terms, which of a few candidate messages contain which
+query term), it tokenizes through a *scratch* table: a contentless FTS5 table in the
+connection's ``temp`` schema with the index's columns and tokenizer, plus an ``fts5vocab``
+table over it. :func:`create_scratch` makes them; :func:`stems`, :func:`term_counts` and
+:func:`matches` fill the scratch table, read it and empty it again, and must run inside a
+transaction (a scratch insert outside one costs a journal sync of its own).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import sqlite3
+from collections.abc import Iterable, Sequence
 
-__all__ = ["MAX_TERMS", "STOP_WORDS", "match_any", "query_terms", "quote"]
+__all__ = [
+    "MAX_TERMS",
+    "STOP_WORDS",
+    "Stems",
+    "create_scratch",
+    "match_any",
+    "matches",
+    "query_terms",
+    "quote",
+    "stems",
+    "term_counts",
+]
 
 #: Queries are cut to this many distinct terms, which bounds the cost of one search.
 MAX_TERMS = 64
@@ -79,3 +99,100 @@ def match_any(terms: Iterable[str], columns: Iterable[str]) -> str:
     """
     body = " OR ".join(quote(t) for t in terms)
     return "{" + " ".join(columns) + "} : (" + body + ")"
+
+
+# The scratch table tokenizes exactly as ``messages_fts`` does (same columns, same
+# tokenizer); contentless, so it keeps only the index, and "delete-all" empties it.
+_SCRATCH = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.demote_scratch USING fts5("
+    "text, context, content='', tokenize='porter unicode61')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.demote_scratch_terms "
+    "USING fts5vocab(temp, demote_scratch, 'instance')",
+)
+_CLEAR = "INSERT INTO temp.demote_scratch (demote_scratch) VALUES ('delete-all')"
+
+
+def create_scratch(db: sqlite3.Connection) -> None:
+    """Create the connection's scratch table (and its vocabulary table) if missing."""
+    db.execute("PRAGMA temp_store = MEMORY")
+    for statement in _SCRATCH:
+        db.execute(statement)
+
+
+def stems(db: sqlite3.Connection, terms: Sequence[str]) -> list[tuple[str, ...]]:
+    """The index tokens of each of ``terms``.
+
+    Usually one stem; none for a term the tokenizer drops, several when it splits one.
+    """
+    db.executemany(
+        "INSERT INTO temp.demote_scratch (rowid, text) VALUES (?, ?)",
+        [(n, term) for n, term in enumerate(terms, start=1)],
+    )
+    found: list[list[str]] = [[] for _ in terms]
+    for term, doc in db.execute(
+        "SELECT term, doc FROM temp.demote_scratch_terms ORDER BY doc, offset"
+    ):
+        found[doc - 1].append(term)
+    db.execute(_CLEAR)
+    return [tuple(tokens) for tokens in found]
+
+
+class Stems:
+    """A cache of :func:`stems` (the tokenizer is fixed, so its answers never go stale).
+
+    Args:
+        size: Entries kept; the cache is emptied when it would grow past this.
+    """
+
+    def __init__(self, size: int = 50_000) -> None:
+        self._size = size
+        self._cache: dict[str, tuple[str, ...]] = {}
+
+    def __call__(self, db: sqlite3.Connection, terms: Sequence[str]) -> list[tuple[str, ...]]:
+        """Each of ``terms``' index tokens; new terms go through the scratch table."""
+        cache = self._cache
+        new = [t for t in dict.fromkeys(terms) if t not in cache]
+        if new:
+            if len(cache) + len(new) > self._size:
+                cache.clear()
+            cache.update(zip(new, stems(db, new), strict=True))
+        return [cache[t] for t in terms]
+
+
+def term_counts(
+    db: sqlite3.Connection, rows: Iterable[tuple[str, str]]
+) -> list[tuple[str, int, int]]:
+    """Each token of ``(text, context)`` rows, with how many rows hold it.
+
+    Returns:
+        ``(token, rows with it in the text, rows with it in the text or the context)``.
+    """
+    db.executemany("INSERT INTO temp.demote_scratch (text, context) VALUES (?, ?)", rows)
+    counts: list[tuple[str, int, int]] = db.execute(
+        "SELECT term, count(DISTINCT doc) FILTER (WHERE col = 'text'), count(DISTINCT doc) "
+        "FROM temp.demote_scratch_terms GROUP BY term"
+    ).fetchall()
+    db.execute(_CLEAR)
+    return counts
+
+
+def matches(
+    db: sqlite3.Connection, docs: Iterable[tuple[int, str, str]], expressions: Sequence[str]
+) -> list[set[int]]:
+    """Which of ``docs`` (``(id, text, context)``) match each FTS5 expression.
+
+    The expressions name the columns ``text`` and ``context`` as ``messages_fts`` does, so
+    an expression matches a document here exactly when it matches the stored message.
+    """
+    db.executemany("INSERT INTO temp.demote_scratch (rowid, text, context) VALUES (?, ?, ?)", docs)
+    found = [
+        {
+            rowid
+            for (rowid,) in db.execute(
+                "SELECT rowid FROM temp.demote_scratch WHERE demote_scratch MATCH ?", (expression,)
+            )
+        }
+        for expression in expressions
+    ]
+    db.execute(_CLEAR)
+    return found

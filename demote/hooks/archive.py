@@ -1,6 +1,6 @@
 """The embedded default long-tail store: a SQLite file with full-text recall.
 
-Schema (``PRAGMA user_version = 1``)::
+Schema (``PRAGMA user_version = 2``)::
 
     messages(id INTEGER PRIMARY KEY, conversation_id, idx, role, text, context, key, scope)
         UNIQUE (conversation_id, key)      -- re-delivery stores nothing twice
@@ -8,29 +8,36 @@ Schema (``PRAGMA user_version = 1``)::
     messages_fts USING fts5(scope, text, context,
                             content='messages', content_rowid='id',
                             tokenize='porter unicode61')
+    conversations(id, conversation_id UNIQUE, messages)      -- messages stored
+    terms(conversation, term, in_text, in_any)               -- document frequencies
 
 ``messages_fts`` is an external-content FTS5 index over ``messages``, kept in step by
-insert and delete triggers, so the text is stored once. ``scope`` is a hex digest of the
-conversation id, indexed as one token: a search matches ``scope`` *and* the query, so FTS5
-itself narrows the posting lists to one conversation, and the join on ``conversation_id``
-keeps that strict. Conversation ids only ever travel as bound parameters and never name a
-file or table. ``context`` is an optional per-message string (a speaker name, a date)
-produced by the ``context`` callable given to :class:`SQLiteArchive`; it is indexed with
-its own weight but never returned as message text.
+triggers, so the text is stored once. ``scope`` is a hex digest of the conversation id,
+indexed as one token: a search matches ``scope`` *and* the query, so FTS5 itself narrows
+the posting lists to one conversation, and the join on ``conversation_id`` keeps that
+strict. Conversation ids only travel as bound parameters. ``context`` is an optional
+per-message string (a speaker, a date) from the ``context`` callable; it is indexed with
+its own weight but never returned. ``conversations`` and ``terms`` hold each conversation's
+message count and, per index token, how many of its messages contain it (in the text; in
+the text or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction,
+so a search reads statistics instead of counting. A version-1 file gains them, counted
+from its messages, when it is opened (in one transaction).
 
-Ranking: the query is split into plain terms, English stop words are dropped, each term is
-quoted (so user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (with
-porter stemming, so "running" finds "runs") picks a pool of candidates, and the reply to
-each candidate that asks a question joins the pool (it may share no word with the query
-yet hold the answer); each candidate's
-score is then ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
-``s = bm25 * (1 + coverage * c)``, where ``c`` is the IDF-weighted share of the query's
-distinct terms the message contains and ``q`` is 2 when message ``i-1`` asks a question
-(contains "?"), else 1. Coverage prefers a message that matches the whole query over one
-that repeats a single word; the neighbour term lifts a reply whose question matched, since
-in a dialogue the words of a question ("which team did you sign with?") are often in the
-turn before its answer ("The Minnesota Wolves!"). Scores are higher-better
-and comparable within one search only.
+Ranking: the query is split into plain terms, stop words are dropped, each term is quoted
+(user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (porter stemming:
+"running" finds "runs") picks a pool of candidates, and the reply to each candidate that
+asks a question joins the pool (it may share no word with the query yet hold the answer).
+Terms absent from the conversation are left out of the BM25 pass, and so are the most
+frequent ones once the terms' document frequencies add up to more than
+``_rank.MATCH_BUDGET`` (1000) messages, which bounds a search's work in a long
+conversation (such terms carry little IDF; they still count towards coverage). A
+candidate's score is ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
+``s = bm25 * (1 + coverage * c)``: ``c`` is the IDF-weighted share (IDF within the
+conversation) of the query's terms the message contains, and ``q`` is 2 when message
+``i-1`` asks a question (contains "?"), else 1. Coverage prefers a message that matches
+the whole query over one that repeats a word; the neighbour term lifts a reply whose
+question matched ("which team did you sign with?" / "The Minnesota Wolves!"). Scores are
+higher-better and comparable within one search only.
 """
 
 from __future__ import annotations
@@ -46,40 +53,35 @@ from types import TracebackType
 from typing import Self
 
 from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks._fts import STOP_WORDS, match_any, query_terms, quote
-from demote.hooks._rank import candidates, replies, rescore, term_coverage
+from demote.hooks import _fts, _rank
+from demote.hooks._fts import STOP_WORDS, query_terms
 from demote.records import DemotedMessage, Demotion, Recalled
 
 __all__ = ["SQLiteArchive"]
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    text TEXT NOT NULL,
-    context TEXT NOT NULL DEFAULT '',
-    key TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    UNIQUE (conversation_id, key)
-);
-CREATE INDEX IF NOT EXISTS messages_conversation_idx ON messages (conversation_id, idx);
-CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
-    scope, text, context,
-    content='messages', content_rowid='id', tokenize='porter unicode61'
-);
-CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts (rowid, scope, text, context)
-    VALUES (new.id, new.scope, new.text, new.context);
-END;
-CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts (messages_fts, rowid, scope, text, context)
-    VALUES ('delete', old.id, old.scope, old.text, old.context);
-END;
-"""
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS messages (
+        id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL,
+        role TEXT NOT NULL, text TEXT NOT NULL, context TEXT NOT NULL DEFAULT '',
+        key TEXT NOT NULL, scope TEXT NOT NULL, UNIQUE (conversation_id, key)
+    )""",
+    "CREATE INDEX IF NOT EXISTS messages_conversation_idx ON messages (conversation_id, idx)",
+    """CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
+        scope, text, context,
+        content='messages', content_rowid='id', tokenize='porter unicode61'
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts (rowid, scope, text, context)
+        VALUES (new.id, new.scope, new.text, new.context);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, scope, text, context)
+        VALUES ('delete', old.id, old.scope, old.text, old.context);
+    END""",
+    *_rank.STATS_SCHEMA,
+)
 
 #: Produces the optional context string indexed with a message (``None`` for none).
 ContextFn = Callable[[DemotedMessage], str | None]
@@ -169,10 +171,10 @@ class SQLiteArchive:
         if pool < 1:
             raise ConfigError(f"pool must be >= 1, got {pool!r}")
         self._context = context
-        self._weights = (0.0, 1.0, float(context_weight))
-        self._coverage = float(coverage)
-        self._neighbours = float(neighbours)
-        self._pool = pool
+        self._ranking = _rank.Ranking(
+            (0.0, 1.0, float(context_weight)), pool, float(coverage), float(neighbours)
+        )
+        self._stems = _fts.Stems()
         self._stop_words = frozenset(w.lower() for w in stop_words)
         self._lock = threading.RLock()
         self._closed = False
@@ -196,15 +198,21 @@ class SQLiteArchive:
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
-            raise StoreError(
-                f"archive schema version {version} is not supported (expected {_SCHEMA_VERSION})"
-            )
+        _fts.create_scratch(db)
+        db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
         try:
-            db.executescript(
-                f"BEGIN IMMEDIATE;{_SCHEMA}PRAGMA user_version = {_SCHEMA_VERSION};COMMIT;"
-            )
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, 1, _SCHEMA_VERSION):
+                raise StoreError(
+                    f"archive schema version {version} is not supported "
+                    f"(expected at most {_SCHEMA_VERSION})"
+                )
+            for statement in _SCHEMA:
+                db.execute(statement)
+            if version != _SCHEMA_VERSION:
+                _rank.rebuild_terms(db)  # version 1 had no statistics
+                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
@@ -266,12 +274,13 @@ class SQLiteArchive:
         if not rows:
             return
         with self._transaction("store a demotion") as db:
-            db.executemany(
+            insert = (
                 "INSERT OR IGNORE INTO messages "
                 "(conversation_id, idx, role, text, context, key, scope) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                "VALUES (?, ?, ?, ?, ?, ?, ?)"
             )
+            stored = [(r[3], r[4]) for r in rows if db.execute(insert, r).rowcount > 0]
+            _rank.add_terms(db, conversation_id, stored)
 
     # -- recall -------------------------------------------------------------------------
 
@@ -296,21 +305,16 @@ class SQLiteArchive:
         terms = query_terms(query, self._stop_words)
         if not terms:
             return []
-        scope = _scope(conversation_id)
-        columns = ("text", "context") if self._weights[2] > 0 else ("text",)
-        expression = f"scope : {quote(scope)} AND {match_any(terms, columns)}"
         with self._locked("search the archive") as db:
-            rows = candidates(db, conversation_id, expression, self._weights, max(self._pool, k))
-            if not rows:
-                return []
-            coverage = (
-                term_coverage(db, conversation_id, scope, terms, columns, [r[0] for r in rows])
-                if self._coverage > 0 and len(terms) > 1
-                else {}
-            )
-            if self._neighbours > 0:
-                rows += replies(db, conversation_id, rows)
-        return rescore(rows, coverage, self._coverage, self._neighbours)[:k]
+            db.execute("BEGIN")  # one snapshot; the scratch table is written in it
+            try:
+                scope, tokens = _scope(conversation_id), self._stems(db, terms)
+                hits = _rank.search(db, conversation_id, scope, terms, tokens, self._ranking, k)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return hits
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -370,6 +374,7 @@ class SQLiteArchive:
         """Remove every stored message of ``conversation_id``; returns how many."""
         conversation_id = _check_id(conversation_id)
         with self._transaction("delete a conversation") as db:
+            _rank.drop_terms(db, conversation_id)
             cursor = db.execute(
                 "DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)
             )
