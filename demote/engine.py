@@ -39,6 +39,7 @@ import operator
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Literal, TypeVar
@@ -76,7 +77,7 @@ def render_summary(summary: str) -> str:
 logger = logging.getLogger("demote")
 
 # How many fingerprints of messages that left the window a conversation's view remembers.
-_LEFT_KEPT = 256
+_LEFT_KEPT = 64
 
 # A finished summary waits this long, at most, for a delivery in flight to end.
 _GATE_POLLS = 200
@@ -160,6 +161,9 @@ class Demoter:
             behaves as bulk eviction at ``limit + 2 * compact_count``.
         lease_ttl: Seconds a delivery lease lasts on stores shared across processes
             (Redis, Postgres), so a crashed worker cannot hold a conversation forever.
+        cached_conversations: How many conversations keep their described window in
+            memory (least recently loaded go first); a conversation without one is
+            described again on its next load, which costs time, not correctness.
     """
 
     def __init__(
@@ -172,6 +176,7 @@ class Demoter:
         hook_timeout: float | None = None,
         summarizer: object | None = None,
         lease_ttl: float = 30.0,
+        cached_conversations: int = 1_000,
     ) -> None:
         if not isinstance(policy, SlidingWindow):
             raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
@@ -198,7 +203,12 @@ class Demoter:
         self.lease_ttl = lease_ttl
         self._epochs: dict[str, int] = {}
         self._epoch_clock = itertools.count(1)  # epochs are never reused, even after forget
-        self._views: dict[str, _View] = {}
+        if isinstance(cached_conversations, bool) or not isinstance(cached_conversations, int):
+            raise ConfigError(f"cached_conversations: must be an int, got {cached_conversations!r}")
+        if cached_conversations < 1:
+            raise ConfigError(f"cached_conversations: must be >= 1, got {cached_conversations}")
+        self._views: OrderedDict[str, _View] = OrderedDict()
+        self._views_max = cached_conversations
 
     # -- describing messages -------------------------------------------------------------
 
@@ -257,7 +267,12 @@ class Demoter:
             left = left[-_LEFT_KEPT:]
             left_base = lo - len(left)
         view = _View(lo, raws, records, index, left_base, left)
-        self._views[conversation_id] = view
+        with self._lock:
+            views = self._views
+            views[conversation_id] = view
+            views.move_to_end(conversation_id)
+            if len(views) > self._views_max:
+                views.popitem(last=False)
         return view
 
     def _is_stale(

@@ -542,3 +542,24 @@ def test_after_a_resync_later_loads_do_not_redeliver_held_messages() -> None:
     w = load(d, "c", grown)
     assert w.start == 1 and w.demoted == 0, "message 0 was delivered before the rewrite"
     assert hook.duplicates() == 0
+
+
+def test_cached_views_are_bounded_and_a_miss_only_costs_a_redescribe() -> None:
+    described: list[str] = []
+    d = Demoter(LAST4, KeyedHook(), cached_conversations=2)
+
+    def describe(m: Msg) -> Any:
+        described.append(m.text)
+        return d.describe(m.role, m.text, opens=m.opens, answers=m.answers)
+
+    chats = {cid: chat(10, cid) for cid in ("a", "b", "c")}
+    first = {cid: d.load(cid, chats[cid], describe) for cid in chats}
+    assert len(d._views) == 2 and "a" not in d._views  # least recently loaded went first
+    described.clear()
+    again = d.load("a", chats["a"], describe)  # a miss: described again, same answer
+    assert described and (again.start, again.messages) == (first["a"].start, first["a"].messages)
+    described.clear()
+    d.load("a", chats["a"], describe)  # now cached: nothing described
+    assert described == []
+    with pytest.raises(ConfigError, match="cached_conversations"):
+        Demoter(LAST4, cached_conversations=0)
