@@ -116,18 +116,23 @@ def candidates(
     expression: str,
     weights: tuple[float, float, float],
     limit: int,
+    newest: int = MATCH_BUDGET,
 ) -> list[Row]:
     """The ``limit`` best BM25 matches of ``expression`` in one conversation.
 
-    Only the ``limit`` best rows of the index are joined to their messages.
+    Only the ``newest`` matches are scored (the latest stored), which changes nothing
+    while :func:`pick_terms` keeps the matches within its budget, and only the ``limit``
+    best of them are joined to their messages.
     """
     rows: list[Row] = db.execute(
         "SELECT m.id, m.idx, m.role, m.text, m.key, c.score, m.context FROM ("
-        "  SELECT rowid AS id, -bm25(messages_fts, ?, ?, ?) AS score FROM messages_fts"
-        "  WHERE messages_fts MATCH ? ORDER BY score DESC, rowid LIMIT ?"
+        "  SELECT id, score FROM ("
+        "    SELECT rowid AS id, -bm25(messages_fts, ?, ?, ?) AS score FROM messages_fts"
+        "    WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
+        "  ) ORDER BY score DESC, id LIMIT ?"
         ") AS c JOIN messages AS m ON m.id = c.id WHERE m.conversation_id = ? "
         "ORDER BY c.score DESC, m.idx",
-        (*weights, expression, limit, conversation_id),
+        (*weights, expression, newest, limit, conversation_id),
     ).fetchall()
     return rows
 
@@ -244,7 +249,9 @@ def pick_terms(terms: Sequence[str], df: Sequence[int], budget: int = MATCH_BUDG
     terms absent from the conversation are left out (they would change no score in it).
 
     A frequent term left out has a low IDF, so it adds little to a message's BM25; it
-    still counts towards coverage. Below ``budget`` messages every present term is kept.
+    still counts towards coverage. When even the rarest term is in more than ``budget``
+    messages, :func:`candidates` scores only the newest ``budget`` of them. Below
+    ``budget`` messages every present term is kept.
     """
     kept: set[int] = set()
     spent = 0

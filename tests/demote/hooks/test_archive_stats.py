@@ -287,3 +287,18 @@ def test_below_the_budget_search_ranks_as_counting_everything_did(
         for query in queries:
             for k in (1, 5):
                 assert archive.search("a", query, k) == old_search(archive, "a", query, k)
+
+
+def test_past_the_budget_only_the_newest_matches_are_scored(tmp_path: Path) -> None:
+    n = _rank.MATCH_BUDGET + 100
+    texts = ["weather weather weather report", *(f"the weather on day {i}" for i in range(n))]
+    with SQLiteArchive(tmp_path / "a.db") as archive:
+        archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
+        hits = archive.search("c", "weather", k=10)
+        assert len(hits) == 10
+        assert all(h.index > len(texts) - 1 - _rank.MATCH_BUDGET for h in hits)
+        # Below the budget the same message wins on its term frequency.
+        archive.delete("c")
+        fewer = [*texts[:20], *(f"a quiet day {i}" for i in range(40))]
+        archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(fewer))))
+        assert archive.search("c", "weather", k=1)[0].index == 0
