@@ -33,9 +33,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from os import PathLike
-from types import TracebackType
 from typing import Any, Literal
 
+from demote._closing import Closing
 from demote.capture.codec import decode
 from demote.capture.dispatch import RetryPolicy
 from demote.errors import ConfigError, StoreError
@@ -100,7 +100,7 @@ def _translated(path: str, action: str) -> Iterator[None]:
         raise StoreError(f"outbox {path!r}: {action} failed: {exc}") from exc
 
 
-class SQLiteOutbox:
+class SQLiteOutbox(Closing):
     """A durable outbox in a SQLite file (created if missing).
 
     Safe to share between the threads of one process (one connection behind a lock).
@@ -135,17 +135,6 @@ class SQLiteOutbox:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.executescript(_SCHEMA)
-
-    def __enter__(self) -> SQLiteOutbox:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection (rows stay in the file). Idempotent."""

@@ -49,9 +49,8 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Self
 
+from demote._closing import Closing
 from demote.errors import ConfigError, ConversationIdError, StoreError
 from demote.hooks import _fts, _rank
 from demote.hooks._fts import STOP_WORDS, query_terms
@@ -115,7 +114,7 @@ def _clean(text: str) -> str:
     return text
 
 
-class SQLiteArchive:
+class SQLiteArchive(Closing):
     """A demotion hook that stores demoted messages in SQLite and recalls them by text.
 
     Thread-safe: one connection (WAL mode, ``busy_timeout``) behind a lock, so several
@@ -386,14 +385,3 @@ class SQLiteArchive:
             if not self._closed:
                 self._closed = True
                 self._db.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

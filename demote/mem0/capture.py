@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import Any
 
+from demote._closing import Closing
 from demote.capture.dispatch import RecorderStats
 from demote.capture.recorder import Recorder
 from demote.errors import HookError
@@ -16,7 +16,7 @@ from demote.records import CapturedTurn, DemotedMessage
 __all__ = ["Mem0Capture"]
 
 
-class Mem0Capture:
+class Mem0Capture(Closing):
     """Sends each new user turn to mem0 (``memory.add``) through a background Recorder.
 
     :meth:`capture` returns at once; the Recorder's worker calls mem0, so a slow extraction
@@ -106,14 +106,3 @@ class Mem0Capture:
     def close(self) -> None:
         """Drain the queue (up to the Recorder's ``flush_timeout``) and stop the worker."""
         self._recorder.close()
-
-    def __enter__(self) -> Mem0Capture:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import astuple, fields
 
+from demote._closing import Closing
 from demote.errors import StoreError
 from demote.records import ConversationState
 
@@ -35,7 +36,7 @@ CREATE TABLE IF NOT EXISTS demote_state (
 """
 
 
-class SQLiteStateStore:
+class SQLiteStateStore(Closing):
     """Conversation states in an SQLite file.
 
     Args:
@@ -126,9 +127,3 @@ class SQLiteStateStore:
             if not self._closed:
                 self._closed = True
                 self._db.close()
-
-    def __enter__(self) -> SQLiteStateStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
