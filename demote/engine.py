@@ -549,7 +549,9 @@ class Demoter:
     ) -> ConversationState:
         start = p.window_start
         anchor = records[start - 1 - base].fingerprint if start > p.pinned else None
-        moved = (start, max(state.delivered, start), p.pinned, anchor)
+        fresh = state.window_start <= state.pinned  # nothing was demoted before
+        delivered = start if fresh else max(state.delivered, start)
+        moved = (start, delivered, p.pinned, anchor)
         if moved == _watermarks(state):
             return state
         values = list(_state_values(state))  # dataclasses.replace, without its introspection

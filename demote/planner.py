@@ -149,7 +149,9 @@ def plan(
         if policy.pin_system:
             while pinned < end and records[pinned - base].role == "system":
                 pinned += 1
-    start = max(state.window_start, pinned)
+    # Nothing demoted yet: the window starts right after the pinned messages, wherever
+    # they end now (a system message removed from the head moves it back).
+    start = pinned if state.window_start <= state.pinned else state.window_start
 
     # 2. Does the history still match the state?
     if end < state.window_start or (
@@ -191,5 +193,6 @@ def plan(
     if dropped:
         new_start = groups.starts[dropped]
         total = top - cum[dropped]
-    deliver_from = max(state.delivered, pinned)
+    fresh = state.window_start <= state.pinned  # nothing demoted yet
+    deliver_from = pinned if fresh else max(state.delivered, pinned)
     return Plan(pinned, new_start, end, deliver_from, compact, total, False, groups)

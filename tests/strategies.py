@@ -159,10 +159,11 @@ def advance(
     ``records`` are the whole history from index 0.
     """
     anchor = records[p.window_start - 1].fingerprint if p.window_start > p.pinned else None
+    fresh = state.window_start <= state.pinned  # nothing demoted before
     return replace(
         state,
         window_start=p.window_start,
-        delivered=max(state.delivered, p.window_start),
+        delivered=p.window_start if fresh else max(state.delivered, p.window_start),
         pinned=p.pinned,
         anchor=anchor,
     )

@@ -563,3 +563,16 @@ def test_cached_views_are_bounded_and_a_miss_only_costs_a_redescribe() -> None:
     assert described == []
     with pytest.raises(ConfigError, match="cached_conversations"):
         Demoter(LAST4, cached_conversations=0)
+
+
+def test_removing_the_pinned_system_message_before_any_demotion_keeps_every_message() -> None:
+    # Found by the state machine: the window started after the old pinned prefix, so a
+    # message written where the system message had been was neither shown nor delivered.
+    hook = KeyedHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook)
+    load(d, "c", [Msg("system", "be brief"), Msg("user", "first")])
+    rewritten = [Msg("user", "rewritten")]
+    w = load(d, "c", rewritten)
+    assert w.pinned == [] and w.messages == rewritten
+    state = d.state_of("c")
+    assert state.delivered <= state.window_start == 0
