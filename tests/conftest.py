@@ -20,6 +20,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "MEM0_API_KEY", "LANGSMITH_API_KEY"):
     os.environ.pop(key, None)
 
+# CI must be reproducible: there Hypothesis draws the same examples every run (locally
+# they stay random, so new counterexamples keep turning up where someone can look at them).
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        _hypothesis_settings.load_profile("ci")
+except ImportError:  # pragma: no cover - hypothesis is a dev dependency
+    pass
+
 _real_connect = socket.socket.connect
 
 
