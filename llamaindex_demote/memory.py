@@ -27,7 +27,9 @@ its ``search`` in a thread). LlamaIndex agents only call the async methods.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage
@@ -97,14 +99,18 @@ def _recall_point(messages: Sequence[ChatMessage], query: str | None) -> tuple[s
 
 def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) -> list[Recalled]:
     """The first ``k`` recalled messages the model does not already see in ``window``."""
-    shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
     pinned = len(window.pinned)
+    shown: set[tuple[str, str]] | None = None  # only hits without an index need it
     out = []
     for r in recalled:
-        if r.index >= 0 and (r.index >= window.start or r.index < pinned):
-            continue
-        if r.index < 0 and (r.role, r.text) in shown:
-            continue
+        if r.index >= 0:
+            if r.index >= window.start or r.index < pinned:
+                continue
+        else:
+            if shown is None:
+                shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
+            if (r.role, r.text) in shown:
+                continue
         out.append(r)
         if len(out) == k:
             break
@@ -112,16 +118,41 @@ def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) 
 
 
 def _assemble(
-    window: Window[ChatMessage], recalled: Sequence[Recalled], at: int
+    window: Window[ChatMessage], recalled: Sequence[Recalled] = (), at: int = 0
 ) -> list[ChatMessage]:
-    """Pinned, summary, kept messages, with the recall message inserted at ``at``."""
-    out = list(window.pinned)
-    if window.summary:
-        out.append(from_core("system", render_summary(window.summary)))
-    body = list(window.messages)
+    """A new list: pinned, summary, kept messages, with the recall message inserted at ``at``."""
+    body = window.messages
     if recalled:
-        body.insert(at, recall_message(recalled))
-    return out + body
+        body = [*body[:at], recall_message(recalled), *body[at:]]
+    if window.summary:
+        return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
+    return window.pinned + body
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What the memory's hot path uses, read with one lookup (see ``DemotingMemory._p``)."""
+
+    demoter: Demoter
+    describe: Callable[[ChatMessage], MessageRecord]  # to_core bound to demoter.describe
+    recall: Recall | None
+    recall_k: int
+    capture: Capture | None
+
+    def recall_query(
+        self, window: Window[ChatMessage], input: str | None
+    ) -> tuple[Recall, str, int] | None:
+        """The recall, its query and where its message goes; ``None`` when nothing to ask."""
+        if self.recall is None:
+            return None
+        query, at = _recall_point(window.messages, input)
+        return (self.recall, query, at) if query else None
+
+    def prompt(
+        self, window: Window[ChatMessage], hits: Sequence[Recalled], at: int
+    ) -> list[ChatMessage]:
+        """The messages to send: the window, with the hits it does not show at ``at``."""
+        return _assemble(window, _visible(window, hits, self.recall_k), at)
 
 
 class DemotingMemory(BaseChatStoreMemory):
@@ -138,10 +169,7 @@ class DemotingMemory(BaseChatStoreMemory):
         chat_store_key: The conversation id.
     """
 
-    _demoter: Demoter = PrivateAttr()
-    _recall: Recall | None = PrivateAttr(default=None)
-    _recall_k: int = PrivateAttr(default=5)
-    _capture: Capture | None = PrivateAttr(default=None)
+    _parts: _Parts = PrivateAttr()
 
     def __init__(
         self,
@@ -163,10 +191,8 @@ class DemotingMemory(BaseChatStoreMemory):
         if capture is not None and not callable(getattr(capture, "capture", None)):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
-        self._demoter = demoter
-        self._recall = recall
-        self._recall_k = recall_k
-        self._capture = capture
+        describe = functools.partial(to_core, describe=demoter.describe)
+        self._parts = _Parts(demoter, describe, recall, recall_k, capture)
 
     @classmethod
     def class_name(cls) -> str:
@@ -237,9 +263,17 @@ class DemotingMemory(BaseChatStoreMemory):
     # -- shared pieces ---------------------------------------------------------------------
 
     @property
+    def _p(self) -> _Parts:
+        # Pydantic serves private attributes from ``BaseModel.__getattr__``, about 1.7 us a
+        # lookup (several per turn); its documented ``__pydantic_private__`` dict is direct.
+        private = self.__pydantic_private__
+        parts: _Parts = private["_parts"] if private is not None else self._parts
+        return parts
+
+    @property
     def demoter(self) -> Demoter:
         """The demoter that keeps this memory's window."""
-        return self._demoter
+        return self._p.demoter
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -249,31 +283,29 @@ class DemotingMemory(BaseChatStoreMemory):
         ``initial_token_count`` they pass to :meth:`get`; the returned sequence has one
         item per token (a ``range``: only its length means anything).
         """
-        counter = self._demoter.policy.resolved_counter()
+        counter = self._p.demoter.policy.resolved_counter()
 
         def tokenize(text: str) -> Sequence[int]:
             return range(counter(text))
 
         return tokenize
 
-    def _describe(self, message: ChatMessage) -> MessageRecord:
-        return to_core(message, self._demoter.describe)
+    @staticmethod
+    def _needs_index(parts: _Parts, messages: Sequence[ChatMessage]) -> bool:
+        return parts.capture is not None and any(core_role(m) == "user" for m in messages)
 
-    def _needs_index(self, messages: Sequence[ChatMessage]) -> bool:
-        return self._capture is not None and any(core_role(m) == "user" for m in messages)
-
-    def _captured(self, base: int, messages: Sequence[ChatMessage]) -> None:
+    def _captured(self, parts: _Parts, base: int, messages: Sequence[ChatMessage]) -> None:
         """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
-        if self._capture is None:
+        if parts.capture is None:
             return
         cid = self.chat_store_key
-        offset = self._demoter.state_of(cid).offset
+        offset = parts.demoter.state_of(cid).offset
         for i, message in enumerate(messages, base + offset):
             if core_role(message) != "user":
                 continue
-            rec = self._describe(message)
+            rec = parts.describe(message)
             key = make_key(cid, i, rec.fingerprint)
-            self._capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
+            parts.capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
 
     @staticmethod
     def _check_initial(initial_token_count: int) -> None:
@@ -286,9 +318,10 @@ class DemotingMemory(BaseChatStoreMemory):
                 f"initial_token_count: must be an int >= 0, got {initial_token_count!r}"
             )
 
-    def _fetch_k(self) -> int:
+    @staticmethod
+    def _fetch_k(parts: _Parts) -> int:
         # Ask for more than k: hits the model already sees in the window are dropped.
-        return 2 * self._recall_k
+        return 2 * parts.recall_k
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -312,31 +345,32 @@ class DemotingMemory(BaseChatStoreMemory):
             New list; the memory's own messages are the chat store's objects.
         """
         self._check_initial(initial_token_count)
-        cid = self.chat_store_key
-        window = self._demoter.load(cid, self.chat_store.get_messages(cid), self._describe)
-        query, at = _recall_point(window.messages, input)
-        hits: list[Recalled] = []
-        if self._recall is not None and query:
-            hits = self._recall.search(cid, query, self._fetch_k())
-        return _assemble(window, _visible(window, hits, self._recall_k), at)
+        parts, cid = self._p, self.chat_store_key
+        window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
+        ask = parts.recall_query(window, input)
+        if ask is None:
+            return _assemble(window)
+        recall, query, at = ask
+        return parts.prompt(window, recall.search(cid, query, self._fetch_k(parts)), at)
 
     async def aget(
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
     ) -> list[ChatMessage]:
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
         self._check_initial(initial_token_count)
-        cid = self.chat_store_key
+        parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
-        window = await self._demoter.aload(cid, messages, self._describe)
-        query, at = _recall_point(window.messages, input)
-        hits: list[Recalled] = []
-        if self._recall is not None and query:
-            asearch = getattr(self._recall, "asearch", None)
-            if asearch is not None:
-                hits = await asearch(cid, query, self._fetch_k())
-            else:
-                hits = await asyncio.to_thread(self._recall.search, cid, query, self._fetch_k())
-        return _assemble(window, _visible(window, hits, self._recall_k), at)
+        window = await parts.demoter.aload(cid, messages, parts.describe)
+        ask = parts.recall_query(window, input)
+        if ask is None:
+            return _assemble(window)
+        recall, query, at = ask
+        asearch = getattr(recall, "asearch", None)
+        if asearch is not None:
+            hits = await asearch(cid, query, self._fetch_k(parts))
+        else:
+            hits = await asyncio.to_thread(recall.search, cid, query, self._fetch_k(parts))
+        return parts.prompt(window, hits, at)
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""
@@ -358,19 +392,20 @@ class DemotingMemory(BaseChatStoreMemory):
 
     def put_messages(self, messages: list[ChatMessage]) -> None:
         """Append messages in order (user messages also go to ``capture``)."""
-        cid = self.chat_store_key
-        base = len(self.chat_store.get_messages(cid)) if self._needs_index(messages) else 0
+        parts, cid = self._p, self.chat_store_key
+        base = len(self.chat_store.get_messages(cid)) if self._needs_index(parts, messages) else 0
         for message in messages:
             self.chat_store.add_message(cid, message)
-        self._captured(base, messages)
+        self._captured(parts, base, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
-        cid = self.chat_store_key
-        base = len(await self.chat_store.aget_messages(cid)) if self._needs_index(messages) else 0
+        parts, cid = self._p, self.chat_store_key
+        needs = self._needs_index(parts, messages)
+        base = len(await self.chat_store.aget_messages(cid)) if needs else 0
         for message in messages:
             await self.chat_store.async_add_message(cid, message)
-        self._captured(base, messages)
+        self._captured(parts, base, messages)
 
     def set(self, messages: list[ChatMessage]) -> None:
         """Replace the whole conversation.
@@ -390,9 +425,9 @@ class DemotingMemory(BaseChatStoreMemory):
         What the hook already holds (the archive) is kept.
         """
         self.chat_store.delete_messages(self.chat_store_key)
-        self._demoter.clear(self.chat_store_key)
+        self._p.demoter.clear(self.chat_store_key)
 
     async def areset(self) -> None:
         """Async :meth:`reset`."""
         await self.chat_store.adelete_messages(self.chat_store_key)
-        self._demoter.clear(self.chat_store_key)
+        self._p.demoter.clear(self.chat_store_key)
