@@ -65,12 +65,16 @@ class Describe(Protocol):
 
 def core_role(message: ChatMessage) -> Role:
     """The core role of a message (developer is system; function, tool; model, assistant)."""
-    return _ROLES.get(MessageRole(message.role), "user")
+    # MessageRole is a str enum, so its members and their plain-string values hash and
+    # compare alike: look the role up as it is; the MessageRole(...) call (a costly enum
+    # lookup) is only the fallback, and still rejects a role that is no MessageRole.
+    role = _ROLES.get(message.role)
+    return role if role is not None else _ROLES.get(MessageRole(message.role), "user")
 
 
 def text_of(message: ChatMessage) -> str:
     """The message's text: its ``TextBlock`` texts joined by newlines."""
-    return "\n".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+    return "\n".join([b.text for b in message.blocks if isinstance(b, TextBlock)])
 
 
 def _call_id(item: Any) -> str | None:
@@ -93,6 +97,8 @@ def opened_calls(message: ChatMessage) -> tuple[str, ...]:
         b.tool_call_id for b in message.blocks if isinstance(b, ToolCallBlock) and b.tool_call_id
     ]
     legacy = message.additional_kwargs.get("tool_calls")
+    if legacy is None and not found:  # most messages: no calls at all
+        return ()
     if isinstance(legacy, Iterable) and not isinstance(legacy, str | bytes | dict):
         found.extend(cid for cid in map(_call_id, legacy) if cid is not None)
     return tuple(dict.fromkeys(found))
@@ -100,8 +106,10 @@ def opened_calls(message: ChatMessage) -> tuple[str, ...]:
 
 def answered_call(message: ChatMessage) -> str | None:
     """Id of the tool call a tool message answers (``additional_kwargs["tool_call_id"]``)."""
-    if core_role(message) != "tool":
-        return None
+    return _tool_call_id(message) if core_role(message) == "tool" else None
+
+
+def _tool_call_id(message: ChatMessage) -> str | None:
     value = message.additional_kwargs.get("tool_call_id")
     return value if isinstance(value, str) and value else None
 
@@ -116,12 +124,9 @@ def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
     Returns:
         The message's record: role, text, opened tool-call ids, answered tool-call id.
     """
-    return describe(
-        core_role(message),
-        text_of(message),
-        opens=opened_calls(message),
-        answers=answered_call(message),
-    )
+    role = core_role(message)
+    answers = _tool_call_id(message) if role == "tool" else None  # answered_call, role known
+    return describe(role, text_of(message), opens=opened_calls(message), answers=answers)
 
 
 def from_core(role: Role | str, text: str) -> ChatMessage:
