@@ -334,6 +334,8 @@ class Demoter:
             cid = validate_conversation_id(conversation_id)
         token = object()
         epoch, holder = self._enter(cid, token)
+        resynced = unconfirmed = False  # re-synced, and not (yet) committed
+        view: _View | None = None
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
@@ -344,7 +346,6 @@ class Demoter:
             view = self._records(cid, messages, needed_from(state), describe)
             records, base = view.records, view.base
             p = plan(self.policy, state, records, base=base, index=view.index)
-            resynced = False
             if p.rewritten:
                 logger.warning(
                     "demote: history of conversation %r no longer matches its demotion "
@@ -357,7 +358,7 @@ class Demoter:
                 view = self._records(cid, messages, 0, describe)
                 records, base = view.records, view.base
                 p = plan(self.policy, state, records, base=0)  # no index: rewritten
-                resynced = True
+                resynced = unconfirmed = True
             view.index = p.index
             new_state = self._advance(state, p, records, base)
             if not holder:  # another caller is delivering: the committed window, at once
@@ -395,6 +396,7 @@ class Demoter:
                 )
             if changed:
                 stored = new_state
+                unconfirmed = False
             if p.compact is not None and self.summarizer is not None:
                 job_token = object()
                 with self._lock:
@@ -412,6 +414,12 @@ class Demoter:
                         raise
             return self._window(cid, messages, p.pinned, p.window_start, new_state.summary, demoted)
         finally:
+            if unconfirmed:
+                # The view holds a history the committed state does not describe: a later
+                # load of it must not pass for a stale copy (whose window hides messages).
+                with self._lock:
+                    if self._views.get(cid) is view:
+                        del self._views[cid]
             if holder:
                 self._release_gate(cid, token)
 

@@ -576,3 +576,21 @@ def test_removing_the_pinned_system_message_before_any_demotion_keeps_every_mess
     assert w.pinned == [] and w.messages == rewritten
     state = d.state_of("c")
     assert state.delivered <= state.window_start == 0
+
+
+def test_a_rewrite_whose_resync_failed_is_not_mistaken_for_a_stale_copy_on_the_next_load() -> None:
+    # Found by the state machine: the failed re-sync left the rewritten history in the
+    # view, so loading it again looked like a stale copy and its window hid a message
+    # that was neither delivered nor covered by a summary.
+    hook = KeyedHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook)
+    load(d, "c", unique([Msg("user", "a"), Msg("user", "b"), Msg("user", "c"), Msg("user", "d")]))
+    assert d.state_of("c").window_start == 3
+    hook.fail = True
+    rewritten = unique([Msg("user", "x"), Msg("user", "y")])
+    assert load(d, "c", rewritten).start == 0  # re-sync: its delivery failed, nothing moved
+    w = load(d, "c", rewritten)
+    assert w.start == 0, "message 0 is neither in the window nor delivered"
+    hook.fail = False
+    assert load(d, "c", rewritten).start == 1
+    assert rewritten[0].text in {text for _, _, text in hook.store.values()}
