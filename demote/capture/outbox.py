@@ -18,6 +18,27 @@ segfault) but the last few commits can roll back on an OS crash or power loss.
 ``synchronous="FULL"`` fsyncs every commit and survives those too, at a cost of one fsync
 per ``enqueue`` (milliseconds on most disks, against tens of microseconds).
 
+Checkpoints stay off the enqueue path. SQLite's automatic checkpoint (copying the WAL back
+into the database file, with its fsyncs: a few milliseconds) would run inside whichever
+commit crosses its threshold, i.e. in the caller's ``enqueue`` every few hundred items. The
+outbox turns it off (``wal_autocheckpoint=0``) and runs PASSIVE checkpoints on a second
+connection in its own daemon thread instead, woken every ``checkpoint_every`` commits
+(enqueues and the worker's acks alike), so they keep up even while the sink is stalled, and
+without the lock ``enqueue`` takes. A checkpoint changes where committed rows live, never
+whether they are committed: durability is as above, and ``close`` (the last connection)
+still checkpoints what is left and removes the WAL.
+
+The WAL is bounded by ``wal_limit`` pages. It starts over from its first page only at a
+commit that finds it copied back whole, which a stream of enqueues arriving faster than a
+checkpoint completes never does. So once the WAL holds ``wal_limit`` pages, the checkpoint
+thread copies the remainder (the pages written since its last pass) holding the lock, and
+an ``enqueue`` that arrives during that pass waits for it (a few pages and the two fsyncs),
+once per ``wal_limit`` pages of a sustained stream (each enqueue writes two or three). An
+idle moment longer than one checkpoint lets the WAL start over on its own. Safety valve:
+if the thread falls behind anyway (checkpoints failing, or starved of the disk) and the WAL
+reaches about twice ``wal_limit`` (estimated from the last checkpoint's report plus one
+page per commit since), the committing call runs the checkpoint itself, inline.
+
 Use one Recorder per outbox file at a time: a second Recorder started on the same file
 would take the first one's queued rows for leftovers and deliver them too (harmless for
 idempotent sinks, but wasted work). ``sqlite3`` errors surface as
@@ -26,9 +47,11 @@ idempotent sinks, but wasted work). ``sqlite3`` errors surface as
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,7 +63,9 @@ from demote.capture.codec import decode
 from demote.capture.dispatch import RetryPolicy
 from demote.errors import ConfigError, StoreError
 
-__all__ = ["DeadLetter", "OutboxRow", "SQLiteOutbox"]
+__all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
+
+logger = logging.getLogger("demote.capture")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -100,19 +125,42 @@ def _translated(path: str, action: str) -> Iterator[None]:
         raise StoreError(f"outbox {path!r}: {action} failed: {exc}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """How the outbox's WAL has been checkpointed (see the module docstring).
+
+    Attributes:
+        background: PASSIVE checkpoints the checkpoint thread ran without the lock.
+        restarts: Those it then ran holding the lock, the WAL having reached ``wal_limit``.
+        valve: Checkpoints the safety valve ran inline, in a caller's commit.
+        wal_pages: Pages in the WAL at the last checkpoint (0 before the first).
+    """
+
+    background: int = 0
+    restarts: int = 0
+    valve: int = 0
+    wal_pages: int = 0
+
+
 class SQLiteOutbox(Closing):
     """A durable outbox in a SQLite file (created if missing).
 
-    Safe to share between the threads of one process (one connection behind a lock).
+    Safe to share between the threads of one process (one connection behind a lock, plus
+    a checkpoint thread with its own connection).
 
     Args:
         path: The database file (``":memory:"`` works but survives nothing).
         retry: Attempts and backoff for failed items; defaults to 5 attempts, 0.5 s base.
         synchronous: ``"NORMAL"`` (survives process crashes) or ``"FULL"`` (also power
             loss); see the module docstring.
+        checkpoint_every: Commits between background checkpoints (>= 1).
+        wal_limit: The WAL's size bound, in pages (>= ``checkpoint_every``; 4,096 pages is
+            16 MiB at SQLite's default page size). Past it the checkpoint thread makes the
+            WAL start over; at twice it a commit checkpoints inline (see the module
+            docstring).
 
     Raises:
-        ConfigError: ``synchronous`` is not one of the two.
+        ConfigError: ``synchronous``, ``checkpoint_every`` or ``wal_limit`` is invalid.
         StoreError: The file cannot be opened or is not an outbox.
     """
 
@@ -122,39 +170,95 @@ class SQLiteOutbox(Closing):
         *,
         retry: RetryPolicy | None = None,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        checkpoint_every: int = 256,
+        wal_limit: int = 4096,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ConfigError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
+            raise ConfigError(f"checkpoint_every must be an int, got {checkpoint_every!r}")
+        if isinstance(wal_limit, bool) or not isinstance(wal_limit, int):
+            raise ConfigError(f"wal_limit must be an int, got {wal_limit!r}")
+        if not 1 <= checkpoint_every <= wal_limit:
+            raise ConfigError(
+                f"need 1 <= checkpoint_every <= wal_limit, got {checkpoint_every}, {wal_limit}"
+            )
         self.path = str(path)
         self.retry = retry if retry is not None else RetryPolicy()
+        self.checkpoint_every = checkpoint_every
+        self.wal_limit = wal_limit
         self._lock = threading.Lock()
+        # Checkpoint bookkeeping, under _lock: commits so far, and the WAL's size in pages
+        # as of the commit count a checkpoint last reported it at.
+        self._commits = 0
+        self._reported_at = 0
+        self._wal_pages = 0
+        self._signalled_at = 0
+        self._valve_after = 0
+        self._stats = CheckpointStats()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._checkpointer: threading.Thread | None = None
+        self._ckpt_db: sqlite3.Connection | None = None
         with _translated(self.path, "open"):
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=30
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.executescript(_SCHEMA)
+            if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
+                self._ckpt_db = sqlite3.connect(
+                    self.path, check_same_thread=False, isolation_level=None
+                )
+                self._ckpt_db.execute(f"PRAGMA synchronous={synchronous}")
+                self._checkpointer = threading.Thread(
+                    target=_checkpoint_loop,
+                    args=(weakref.ref(self), self._wake, self._ckpt_db),
+                    name="demote-outbox-checkpoint",
+                    daemon=True,
+                )
+                weakref.finalize(self, self._wake.set)  # dropped unclosed: the thread ends
+                self._checkpointer.start()
+
+    @property
+    def checkpoints(self) -> CheckpointStats:
+        """A snapshot of the checkpoint counters (see :class:`CheckpointStats`)."""
+        with self._lock:
+            return self._stats
 
     def close(self) -> None:
-        """Close the connection (rows stay in the file). Idempotent."""
+        """Stop the checkpoint thread and close the connections (rows stay in the file).
+
+        Idempotent. Closing the last connection checkpoints what is left in the WAL.
+        """
+        self._stopping = True
+        self._wake.set()
+        thread = self._checkpointer
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
         with self._lock, _translated(self.path, "close"):
+            if self._ckpt_db is not None:
+                self._ckpt_db.close()
             self._db.close()
 
     def put(self, key: str, payload: str) -> int:
         """Store one item durably; returns its row id."""
         with self._lock, _translated(self.path, "put"):
-            cur = self._db.execute(
+            row = self._db.execute(
                 "INSERT INTO outbox (key, payload, created_at) VALUES (?, ?, ?)",
                 (key, payload, time.time()),
-            )
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            ).lastrowid
+            self._committed()
+            assert row is not None
+            return row
 
     def ack(self, row: int) -> None:
         """Forget a delivered item."""
         with self._lock, _translated(self.path, "ack"):
             self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
+            self._committed()
 
     def fail(self, row: int, attempts: int, error: str | None) -> None:
         """Record a failed attempt of an item that will be retried."""
@@ -163,16 +267,20 @@ class SQLiteOutbox(Closing):
                 "UPDATE outbox SET attempts = ?, last_error = ? WHERE id = ?",
                 (attempts, error, row),
             )
+            self._committed()
 
     def bury(self, row: int, attempts: int, error: str | None) -> None:
         """Move an item that failed its last attempt to the dead letters."""
-        with self._lock, _translated(self.path, "bury"), self._transaction():
-            self._db.execute(
-                "INSERT INTO dead_letters (key, payload, attempts, error, created_at, failed_at)"
-                " SELECT key, payload, ?, ?, created_at, ? FROM outbox WHERE id = ?",
-                (attempts, error, time.time(), row),
-            )
-            self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
+        with self._lock, _translated(self.path, "bury"):
+            with self._transaction():
+                self._db.execute(
+                    "INSERT INTO dead_letters"
+                    " (key, payload, attempts, error, created_at, failed_at)"
+                    " SELECT key, payload, ?, ?, created_at, ? FROM outbox WHERE id = ?",
+                    (attempts, error, time.time(), row),
+                )
+                self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
+            self._committed()
 
     def load(self) -> list[OutboxRow]:
         """Every undelivered item, oldest first (what a starting Recorder delivers)."""
@@ -212,17 +320,19 @@ class SQLiteOutbox(Closing):
 
     def revive(self) -> list[OutboxRow]:
         """Move the dead letters back into the outbox; returns the new rows."""
-        with self._lock, _translated(self.path, "replay_dead_letters"), self._transaction():
-            first = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()[0]
-            self._db.execute(
-                "INSERT INTO outbox (key, payload, attempts, created_at)"
-                " SELECT key, payload, 0, created_at FROM dead_letters ORDER BY id"
-            )
-            self._db.execute("DELETE FROM dead_letters")
-            rows = self._db.execute(
-                "SELECT id, key, payload, attempts FROM outbox WHERE id > ? ORDER BY id",
-                (first,),
-            ).fetchall()
+        with self._lock, _translated(self.path, "replay_dead_letters"):
+            with self._transaction():
+                first = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()
+                self._db.execute(
+                    "INSERT INTO outbox (key, payload, attempts, created_at)"
+                    " SELECT key, payload, 0, created_at FROM dead_letters ORDER BY id"
+                )
+                self._db.execute("DELETE FROM dead_letters")
+                rows = self._db.execute(
+                    "SELECT id, key, payload, attempts FROM outbox WHERE id > ? ORDER BY id",
+                    first,
+                ).fetchall()
+            self._committed()
         return [OutboxRow(*row) for row in rows]
 
     @contextmanager
@@ -234,3 +344,72 @@ class SQLiteOutbox(Closing):
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def _committed(self) -> None:
+        """After each write commit (locked): wake the checkpoint thread, or open the valve."""
+        if self._checkpointer is None:
+            return
+        self._commits += 1
+        if self._commits - self._signalled_at >= self.checkpoint_every:
+            self._signalled_at = self._commits
+            self._wake.set()
+        pages = self._wal_pages + self._commits - self._reported_at  # >= 1 page per commit
+        if pages >= 2 * self.wal_limit and self._commits >= self._valve_after:
+            # The checkpoint thread is not keeping up (failing, or starved of the disk).
+            self._valve_after = self._commits + self.checkpoint_every  # should this fail
+            try:
+                self._checkpoint(self._db, "valve")
+            except sqlite3.Error as exc:  # the write itself is committed: do not fail it
+                logger.warning("outbox %r: checkpoint failed: %s", self.path, exc)
+
+    def _checkpoint(self, db: sqlite3.Connection, kind: str) -> None:
+        """One PASSIVE checkpoint with nothing of ours committing meanwhile (locked).
+
+        Copied whole, the WAL starts over from its first page at the next commit.
+        """
+        busy, wal, done = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        self._report(self._commits, wal, kind, whole=not busy and done == wal)
+
+    def _report(self, commits: int, wal: int, kind: str, *, whole: bool = False) -> None:
+        """Record a checkpoint that saw ``wal`` pages after ``commits`` commits (locked)."""
+        if commits >= self._reported_at:
+            self._reported_at, self._wal_pages = commits, 0 if whole else max(0, wal)
+        s = self._stats
+        self._stats = CheckpointStats(
+            background=s.background + (kind == "background"),
+            restarts=s.restarts + (kind == "restart"),
+            valve=s.valve + (kind == "valve"),
+            wal_pages=max(0, wal),
+        )
+
+    def _background_checkpoint(self, db: sqlite3.Connection) -> None:
+        """One round of the checkpoint thread."""
+        with self._lock:
+            commits = self._commits  # the checkpoint below sees at least these
+        (_, wal, _) = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        with self._lock:
+            self._report(commits, wal, "background")
+            if wal >= self.wal_limit:
+                # Commits kept landing during our checkpoints, so the WAL never started
+                # over. The pass above copied the bulk; copy the rest holding the lock (a
+                # commit arriving now waits for it), and the next commit starts it over.
+                self._checkpoint(db, "restart")
+
+
+def _checkpoint_loop(
+    ref: weakref.ref[SQLiteOutbox], wake: threading.Event, db: sqlite3.Connection
+) -> None:
+    """The checkpoint thread. It holds its outbox weakly: an outbox dropped unclosed ends it."""
+    while True:
+        wake.wait()
+        wake.clear()
+        outbox = ref()
+        if outbox is None or outbox._stopping:
+            return
+        try:
+            outbox._background_checkpoint(db)
+        except sqlite3.Error as exc:  # the valve bounds the WAL if this keeps failing
+            logger.warning("outbox %r: background checkpoint failed: %s", outbox.path, exc)
+        del outbox

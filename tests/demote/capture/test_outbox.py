@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sqlite3
@@ -26,6 +27,7 @@ from demote.capture import (
 )
 from demote.capture.codec import decode, encode
 from demote.capture.dispatch import STOP, Deliver, Dispatcher, Envelope, Verdict, Wait
+from demote.capture.outbox import CheckpointStats
 from demote.errors import ConfigError, StoreError
 from demote.records import CapturedTurn, DemotedMessage, Demotion
 
@@ -344,3 +346,110 @@ def test_kill_9_mid_stream_loses_nothing(tmp_path: Path, kill_after: int) -> Non
     assert set(enqueued) <= set(stored)  # nothing that was enqueued was lost
     assert all(count == 1 for count in stored.values())  # and each is stored once
     assert len(redelivered) <= 1  # at most the item in flight at the kill
+
+
+# -- checkpoints off the enqueue path ---------------------------------------------------
+
+
+def _pages(path: Path) -> int:
+    return path.stat().st_size // 4096 if path.exists() else 0
+
+
+def _stalled_stream(outbox: SQLiteOutbox, count: int, pace: float = 0) -> None:
+    """Enqueue ``count`` items while the sink sits on the first one (nothing is acked)."""
+    release = threading.Event()
+    recorder = Recorder(lambda item: release.wait(10), flush_timeout=0.01, outbox=outbox)
+    try:
+        for i in range(count):
+            recorder.enqueue({"n": i, "text": "x" * 200}, key=f"k{i}")
+            time.sleep(pace)
+    finally:
+        recorder.close()
+        release.set()
+        assert recorder._thread is not None
+        recorder._thread.join(10)
+
+
+def test_the_enqueue_path_never_checkpoints_a_background_thread_does(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    with SQLiteOutbox(path, checkpoint_every=8, wal_limit=100_000) as outbox:
+        (auto,) = outbox._db.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert auto == 0  # SQLite's automatic checkpoint would run inside enqueue
+        empty = path.stat().st_size
+        _stalled_stream(outbox, 300)
+        # Only a checkpoint moves rows from the WAL into the database file.
+        wait_for(lambda: path.stat().st_size > empty + 10 * 4096)
+        stats = outbox.checkpoints
+        assert stats.background >= 1
+        assert (stats.restarts, stats.valve) == (0, 0)  # never in an enqueue, nor locked
+        assert outbox.pending() == 299  # the sink finished one item after close
+
+
+def test_a_stream_keeps_the_wal_bounded_and_every_item(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    with SQLiteOutbox(path, checkpoint_every=4, wal_limit=40) as outbox:
+        _stalled_stream(outbox, 600, pace=0.001)  # ~1,400 WAL pages if it never started over
+        assert outbox.checkpoints.background >= 1
+        assert _pages(Path(f"{path}-wal")) < 700
+    assert not Path(f"{path}-wal").exists()  # close checkpointed the rest
+    with SQLiteOutbox(path) as outbox:
+        assert outbox.pending() == 599  # every enqueued item survived the WAL's restarts
+
+
+def test_a_wal_past_the_limit_is_copied_whole_so_it_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "o.db"
+    with SQLiteOutbox(path, checkpoint_every=1000, wal_limit=1000) as outbox:
+        for i in range(600):  # 1,200+ WAL pages; too few commits to wake the thread
+            outbox.put(f"k{i}", '"v"')
+        assert outbox.checkpoints == CheckpointStats()
+        wal = Path(f"{path}-wal")
+        size = wal.stat().st_size
+        outbox._wake.set()  # what the next commit would do
+        wait_for(lambda: outbox.checkpoints.restarts == 1)
+        assert outbox.checkpoints.wal_pages >= 1000
+        for i in range(100):
+            outbox.put(f"again{i}", '"v"')
+        assert wal.stat().st_size == size  # the WAL started over from its first page
+        assert outbox.pending() == 700
+
+
+class _NoCheckpointThread(SQLiteOutbox):
+    """An outbox whose checkpoint thread has fallen behind for good."""
+
+    def _background_checkpoint(self, db: sqlite3.Connection) -> None:
+        pass
+
+
+def test_the_valve_bounds_the_wal_when_the_checkpoint_thread_falls_behind(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.db"
+    with _NoCheckpointThread(path, checkpoint_every=4, wal_limit=30) as outbox:
+        _stalled_stream(outbox, 400)  # ~900 WAL pages if it never started over
+        stats = outbox.checkpoints
+        assert (stats.background, stats.restarts) == (0, 0)
+        assert stats.valve >= 5  # about once per 2 * wal_limit commits
+        # Two to three pages per commit: the valve fires by 60 commits after a restart.
+        assert _pages(Path(f"{path}-wal")) < 250
+        assert outbox.pending() == 399
+
+
+def test_checkpoint_settings_are_checked_and_memory_needs_no_thread(tmp_path: Path) -> None:
+    for every, limit in [(0, 10), (11, 10), (True, 10), (1, 2.5)]:
+        with pytest.raises(ConfigError):
+            SQLiteOutbox(tmp_path / "o.db", checkpoint_every=every, wal_limit=limit)  # type: ignore[arg-type]
+    with SQLiteOutbox(":memory:", checkpoint_every=1, wal_limit=1) as outbox:
+        assert outbox._checkpointer is None
+        outbox.ack(outbox.put("k", '"v"'))
+        assert outbox.pending() == 0
+        assert outbox.checkpoints.background == 0
+
+
+def test_an_outbox_dropped_unclosed_ends_its_checkpoint_thread(tmp_path: Path) -> None:
+    outbox = SQLiteOutbox(tmp_path / "o.db")
+    thread = outbox._checkpointer
+    assert thread is not None and thread.is_alive()
+    del outbox
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
