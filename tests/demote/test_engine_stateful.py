@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from demote import Demoter, Demotion, SlidingWindow, SQLiteStateStore
-from demote.records import fingerprint, make_key
+from demote.records import MessageRecord, fingerprint, make_key
 from tests.strategies import Msg, describer, policies, turn, unique
 
 CIDS = ("alpha", "beta")
@@ -63,7 +63,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.hook = SwitchableHook()
         self.histories: dict[str, list[Msg]] = {cid: [] for cid in CIDS}
         self.synced: dict[str, bool] = dict.fromkeys(CIDS, True)
-        self.seen: set[str] = set()  # conversations this Demoter has loaded
+        # Messages this Demoter described in loads (what its view saw) since it started.
+        self.described: dict[str, set[Msg]] = {cid: set() for cid in CIDS}
         self.calls = itertools.count()
         self.restarts = 0
 
@@ -112,10 +113,16 @@ class EngineMachine(RuleBasedStateMachine):
     def load(self, cid: str, use_async: bool) -> None:
         history = list(self.histories[cid])
         d = self.demoter
+        plain = describer(d)
+
+        def describe(m: Msg) -> MessageRecord:
+            self.described[cid].add(m)
+            return plain(m)
+
         if use_async:
-            w = asyncio.run(d.aload(cid, history, describer(d)))
+            w = asyncio.run(d.aload(cid, history, describe))
         else:
-            w = d.load(cid, history, describer(d))
+            w = d.load(cid, history, describe)
         assert w.conversation_id == cid and w.total == len(history)
         assert w.messages == history[w.start :], "the window is a suffix, in order"
         assert w.pinned == history[: len(w.pinned)]
@@ -124,7 +131,6 @@ class EngineMachine(RuleBasedStateMachine):
             assert key_of(cid, i, history[i]) in self.hook.store, f"message {i} lost"
         if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
             self.synced[cid] = True
-        self.seen.add(cid)
 
     @rule(
         cid=st.sampled_from(CIDS), how=st.sampled_from(["clear", "forget"]), roll=st.integers(0, 3)
@@ -134,6 +140,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         getattr(self.demoter, how)(cid)
         self.histories[cid] = []
+        self.described[cid].clear()
         self.synced[cid] = True
 
     @rule(
@@ -165,10 +172,14 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             w = d.load(cid, stale, describer(d))
         assert w.messages == stale[w.start :] and w.pinned == stale[: len(w.pinned)]
-        if len(stale) < before.window_start and self.synced[cid] and cid in self.seen:
+        seen = bool(stale) and stale[-1] in self.described[cid]
+        if len(stale) < before.window_start and self.synced[cid] and seen:
             assert d.state_of(cid) == before, "a stale copy must not move the state"
-        # (A Demoter that has not loaded the conversation since its start cannot tell a
-        # stale copy from a truncation: it re-syncs, and key-aware hooks skip what they hold.)
+        # (A Demoter recognises a stale copy by its last message, which its view must have
+        # seen. One that has not read that message since it started, as after a restart,
+        # where it reads nothing below the watermark (a pruned prefix may be absent),
+        # cannot tell a stale copy from a truncation: it re-syncs, and key-aware hooks
+        # skip what they hold.)
 
     @rule(fail=st.integers(0, 2).map(lambda n: n == 2))
     def switch_hook(self, fail: bool) -> None:
@@ -179,7 +190,8 @@ class EngineMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         self.demoter.state.close()
         self.demoter = self._new_demoter()
-        self.seen.clear()
+        for described in self.described.values():
+            described.clear()
         self.hook.this_process.clear()
         self.restarts += 1
 
