@@ -361,11 +361,13 @@ class Demoter:
                 resynced = unconfirmed = True
             view.index = p.index
             new_state = self._advance(state, p, records, base)
+            # The committed window: before anything is demoted it starts right after the
+            # pinned prefix as it is now (as the plan's does), which may have shrunk.
+            committed = p.pinned if state.window_start <= state.pinned else state.window_start
             if not holder:  # another caller is delivering: the committed window, at once
-                start = max(state.window_start, p.pinned)
-                return self._window(cid, messages, p.pinned, start, state.summary)
+                return self._window(cid, messages, p.pinned, committed, state.summary)
             compacting = self.summarizer is not None and isinstance(self.policy.eviction, Compact)
-            if compacting and p.window_start > max(state.window_start, p.pinned):
+            if compacting and p.window_start > committed:
                 logger.warning(
                     "demote: conversation %r reached limit + 2 x compact_count before "
                     "a summary was ready; falling back to bulk eviction (messages go to the hook)",
@@ -384,8 +386,7 @@ class Demoter:
                         yield Deliver(self.hook, batch, self.hook_timeout)
                     except Exception as exc:
                         self._hook_failed(cid, batch, exc)
-                        start = max(state.window_start, p.pinned)
-                        return self._window(cid, messages, p.pinned, start, state.summary)
+                        return self._window(cid, messages, p.pinned, committed, state.summary)
                     demoted = len(batch.messages)
             # _advance returns ``state`` itself when nothing moved, and ``state`` is the
             # stored one (or a fresh one, when none is stored) unless we re-synced.

@@ -594,3 +594,17 @@ def test_a_rewrite_whose_resync_failed_is_not_mistaken_for_a_stale_copy_on_the_n
     hook.fail = False
     assert load(d, "c", rewritten).start == 1
     assert rewritten[0].text in {text for _, _, text in hook.store.values()}
+
+
+def test_a_failed_delivery_after_the_pinned_head_shrank_keeps_every_message_in_the_window() -> None:
+    # Found by the state machine: with nothing demoted yet, the window the failed delivery
+    # fell back to started after the old pinned prefix, so the message written in place of
+    # the removed system message was neither shown nor delivered.
+    hook = KeyedHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook)
+    load(d, "c", unique([Msg("system", "be brief"), Msg("user", "first")]))
+    assert d.state_of("c").pinned == 1
+    hook.fail = True
+    rewritten = unique([Msg("user", "rewritten"), Msg("user", "second")])
+    w = load(d, "c", rewritten)
+    assert w.pinned == [] and w.start == 0, "message 0 is neither in the window nor delivered"
