@@ -276,13 +276,23 @@ class Demoter:
         return view
 
     def _is_stale(
-        self, cid: str, messages: Sequence[T], describe: Callable[[T], MessageRecord]
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        state: ConversationState,
     ) -> bool:
-        """Is ``messages`` an older copy of the history (its last message is one we saw)?"""
+        """Is ``messages`` an older copy of the history (its last message is one we saw)?
+
+        Only a copy shorter than the window start or than the history the view last saw
+        can be one; the common load, as long as both, costs two comparisons.
+        """
         n = len(messages)
+        view = self._views.get(cid)
+        if n >= state.window_start and (view is None or n >= view.base + len(view.records)):
+            return False
         if n == 0:
             return True
-        view = self._views.get(cid)
         if view is None:
             return False
         i, fp = n - 1, describe(messages[n - 1]).fingerprint
@@ -298,10 +308,23 @@ class Demoter:
         describe: Callable[[T], MessageRecord],
         state: ConversationState,
     ) -> Window[T]:
-        """The window of a stale copy, planned on its own: nothing delivered or committed."""
-        p = plan(self.policy, ConversationState(), [describe(m) for m in messages])
-        summary = state.summary if state.summarized <= len(messages) else None
-        return self._window(cid, messages, p.pinned, p.window_start, summary)
+        """The window of a stale copy: nothing delivered or committed.
+
+        A copy shorter than the window start is planned on its own (what its cut leaves
+        out was demoted); a longer one gets the committed window, ending where it ends.
+        """
+        n = len(messages)
+        if n < state.window_start:
+            p = plan(self.policy, ConversationState(), [describe(m) for m in messages])
+            summary = state.summary if state.summarized <= n else None
+            return self._window(cid, messages, p.pinned, p.window_start, summary)
+        if state.window_start > state.pinned:
+            return self._window(cid, messages, state.pinned, state.window_start, state.summary)
+        pinned = 0  # nothing demoted yet: the window starts after the pinned prefix as it is
+        if self.policy.pin_system:
+            while pinned < n and describe(messages[pinned]).role == "system":
+                pinned += 1
+        return self._window(cid, messages, pinned, pinned, state.summary)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -339,9 +362,9 @@ class Demoter:
         try:
             stored = self.state.get(cid)
             state = stored or ConversationState()
-            if len(messages) < state.window_start and self._is_stale(cid, messages, describe):
-                # A request that read the history before a newer one appended to it (and
-                # committed): not a rewrite. Plan its window, change nothing.
+            if self._is_stale(cid, messages, describe, state):
+                # A request that read the history before a newer one appended to it: not a
+                # rewrite, and not the current history either. Serve it, change nothing.
                 return self._snapshot_window(cid, messages, describe, state)
             view = self._records(cid, messages, needed_from(state), describe)
             records, base = view.records, view.base

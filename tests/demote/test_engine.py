@@ -608,3 +608,27 @@ def test_a_failed_delivery_after_the_pinned_head_shrank_keeps_every_message_in_t
     rewritten = unique([Msg("user", "rewritten"), Msg("user", "second")])
     w = load(d, "c", rewritten)
     assert w.pinned == [] and w.start == 0, "message 0 is neither in the window nor delivered"
+
+
+def test_a_stale_copy_past_the_window_start_commits_nothing_so_a_late_result_keeps_its_call() -> (
+    None
+):
+    # Found by the state machine: a copy read before a tool result arrived, planned as the
+    # current history, cut between the call and its result (they are one group only once
+    # the result is there), and the next load's window started with an orphan result.
+    hook = KeyedHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook)
+    msgs = unique(
+        [
+            Msg("assistant", "calling", opens=("late",)),
+            Msg("user", "meanwhile"),
+            Msg("assistant", "ok"),
+            Msg("tool", "result", answers="late"),
+        ]
+    )
+    assert load(d, "c", msgs).start == 0  # one group: the call is answered at the end
+    before = d.state_of("c")
+    w = load(d, "c", msgs[:3])  # a request that read the history before the result came
+    assert (w.start, w.demoted) == (0, 0)
+    assert d.state_of("c") == before
+    assert load(d, "c", msgs).start == 0, "the result lost its call"
