@@ -1,9 +1,12 @@
 """A Hypothesis state machine over the engine: appends, sync and async loads, clears,
-forgets, rewrites, hook failures and restarts on a durable SQLite state store.
+forgets, rewrites, stale reads, system messages appearing at and leaving the head, tool
+results arriving turns late, hook failures and restarts on a durable SQLite state store,
+with a view cache of one conversation or of all.
 
 After every step: every message is in the window or delivered; no key is delivered twice
 within a process; across restarts the key-keyed store holds each key once and nothing was
-delivered again (the state store is durable).
+delivered again (the state store is durable). After every load: the window starts a turn
+group and no result is kept without its call, unless the call was demoted first.
 """
 
 from __future__ import annotations
@@ -67,15 +70,26 @@ class EngineMachine(RuleBasedStateMachine):
         self.described: dict[str, set[Msg]] = {cid: set() for cid in CIDS}
         self.calls = itertools.count()
         self.restarts = 0
+        self.pending: dict[str, list[str]] = {cid: [] for cid in CIDS}  # calls not answered
+        self.late: set[Msg] = set()  # answers appended after their call was demoted
+        self.loaded: dict[str, int] = dict.fromkeys(CIDS, 0)  # what the last load saw
 
-    @initialize(policy=policies(small=True))
-    def start(self, policy: SlidingWindow) -> None:
+    @initialize(policy=policies(small=True), cache=st.sampled_from([1, 1000]))
+    def start(self, policy: SlidingWindow, cache: int) -> None:
         self.policy = policy
+        self.cache = cache  # 1: every switch of conversation misses the view cache
         self.demoter = self._new_demoter()
 
     def _new_demoter(self) -> Demoter:
         store = SQLiteStateStore(self.dir / "state.db")
-        return Demoter(self.policy, self.hook, state=store)
+        return Demoter(self.policy, self.hook, state=store, cached_conversations=self.cache)
+
+    def _touch(self, cid: str) -> None:
+        """A load of ``cid`` may push the other conversations out of the view cache."""
+        if self.cache < len(CIDS):
+            for other in CIDS:
+                if other != cid:
+                    self.described[other].clear()
 
     def teardown(self) -> None:
         demoter = getattr(self, "demoter", None)
@@ -114,6 +128,7 @@ class EngineMachine(RuleBasedStateMachine):
         history = list(self.histories[cid])
         d = self.demoter
         plain = describer(d)
+        self._touch(cid)
 
         def describe(m: Msg) -> MessageRecord:
             self.described[cid].add(m)
@@ -129,6 +144,8 @@ class EngineMachine(RuleBasedStateMachine):
         assert all(m.role == "system" for m in w.pinned)
         for i in range(len(w.pinned), w.start):
             assert key_of(cid, i, history[i]) in self.hook.store, f"message {i} lost"
+        self._check_groups(history, w.start, len(w.pinned))
+        self.loaded[cid] = len(history)
         if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
             self.synced[cid] = True
 
@@ -141,6 +158,7 @@ class EngineMachine(RuleBasedStateMachine):
         getattr(self.demoter, how)(cid)
         self.histories[cid] = []
         self.described[cid].clear()
+        self.pending[cid].clear()
         self.synced[cid] = True
 
     @rule(
@@ -167,19 +185,90 @@ class EngineMachine(RuleBasedStateMachine):
         stale = history[: max(0, len(history) - behind)]
         d = self.demoter
         before = d.state_of(cid)
+        self._touch(cid)
         if use_async:
             w = asyncio.run(d.aload(cid, stale, describer(d)))
         else:
             w = d.load(cid, stale, describer(d))
         assert w.messages == stale[w.start :] and w.pinned == stale[: len(w.pinned)]
+        self._check_groups(stale, w.start, len(w.pinned))
         seen = bool(stale) and stale[-1] in self.described[cid]
-        if len(stale) < before.window_start and self.synced[cid] and seen:
+        shorter = len(stale) < max(before.window_start, self.loaded[cid])
+        if shorter and self.synced[cid] and seen:
             assert d.state_of(cid) == before, "a stale copy must not move the state"
-        # (A Demoter recognises a stale copy by its last message, which its view must have
-        # seen. One that has not read that message since it started, as after a restart,
-        # where it reads nothing below the watermark (a pruned prefix may be absent),
-        # cannot tell a stale copy from a truncation: it re-syncs, and key-aware hooks
-        # skip what they hold.)
+        else:
+            # (A Demoter recognises a stale copy by its last message, which its view must
+            # have seen. One that has not read that message since it started, as after a
+            # restart, where it reads nothing below the watermark (a pruned prefix may be
+            # absent), cannot tell a stale copy from a truncation: it plans it as the
+            # history, and key-aware hooks skip what they hold. Its cut may fall between
+            # a call in the copy and a result that came after it.)
+            self.loaded[cid] = len(stale)
+            opened = {c for m in stale for c in m.opens}
+            self.late.update(m for m in history[len(stale) :] if m.answers in opened)
+
+    @rule(
+        cid=st.sampled_from(CIDS),
+        how=st.sampled_from(["insert", "remove"]),
+        then=st.sampled_from(["sync", "async", None]),
+    )
+    def edit_head(self, cid: str, how: str, then: str | None) -> None:
+        """A system message appears at, or disappears from, the head of the history.
+
+        One edit at a time: the state checks only the message before the window start, so
+        edits that cancel out (one removed, another inserted, before a re-sync commits)
+        would change a demoted message unseen, which the engine does not claim to detect.
+        """
+        history = self.histories[cid]
+        if not self.synced[cid]:
+            return
+        if how == "insert":
+            history.insert(0, unique([Msg("system", "new instructions")], cid)[0])
+        elif history and history[0].role == "system":
+            del history[0]
+        else:
+            return
+        self.synced[cid] = False  # positions moved: the next load re-syncs (or recounts)
+        if then is not None:
+            self.load(cid, then == "async")
+
+    @rule(cid=st.sampled_from(CIDS), ask=st.booleans(), n=st.integers(1, 2))
+    def open_calls(self, cid: str, ask: bool, n: int) -> None:
+        """An assistant opens tool calls whose results come later (see ``answer_late``)."""
+        history = self.histories[cid]
+        if ask:
+            history += unique([Msg("user", "do it")], cid)
+        ids = tuple(f"{cid}-late-{next(self.calls)}" for _ in range(n))
+        history += unique([Msg("assistant", "calling", opens=ids)], cid)
+        self.pending[cid] += ids
+
+    @rule(cid=st.sampled_from(CIDS), data=st.data(), then=st.sampled_from(["sync", None]))
+    def answer_late(self, cid: str, data: st.DataObject, then: str | None) -> None:
+        """A tool result arrives for a call opened earlier, maybe turns ago."""
+        pending = self.pending[cid]
+        if not pending:
+            return
+        call_id = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+        history = self.histories[cid]
+        opened = [i for i, m in enumerate(history) if call_id in m.opens]
+        answer = unique([Msg("tool", "result", answers=call_id)], cid)[0]
+        state = self.demoter.state_of(cid)
+        if opened and opened[0] < state.window_start:
+            self.late.add(answer)  # its call is demoted already: it cannot join it
+        history.append(answer)
+        if then is not None:
+            self.load(cid, then == "async")
+
+    def _check_groups(self, history: list[Msg], start: int, pinned: int) -> None:
+        """The window starts a turn group and keeps every result with its call."""
+        kept = history[start:]
+        if start > pinned and kept:
+            assert kept[0].role == "user", f"window starts inside a group at {start}"
+        opened = {c: i for i, m in enumerate(history) for c in m.opens}
+        for m in kept:
+            at = opened.get(m.answers or "")
+            if at is not None and pinned <= at < start:
+                assert m in self.late, f"a result of {m.answers} lost its call"
 
     @rule(fail=st.integers(0, 2).map(lambda n: n == 2))
     def switch_hook(self, fail: bool) -> None:
