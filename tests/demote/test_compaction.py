@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from demote import Compact, ConfigError, Demoter, Demotion, MessageRecord, SlidingWindow
+from demote import (
+    Compact,
+    ConfigError,
+    ConversationState,
+    Demoter,
+    Demotion,
+    MessageRecord,
+    SlidingWindow,
+)
 from demote.records import make_key
 from demote.state import SQLiteStateStore
 from demote.summarize import TemplateSummarizer, truncate_to_tokens
@@ -226,6 +234,8 @@ class CompactionMachine(RuleBasedStateMachine):
         self.summarizer = Controlled()
         self.hist: list[Msg] = [("system", "sys")]
         self.bulk_bound_ok = True
+        self.cleared = 0  # texts carry it, so a history written after a clear has new keys
+        self.described: set[Msg] = set()  # messages loads described since the restart
         self._new_demoter()
 
     def _new_demoter(self) -> None:
@@ -237,24 +247,64 @@ class CompactionMachine(RuleBasedStateMachine):
             summarizer=self.summarizer,
         )
 
+    def _describe(self) -> object:
+        plain = describe(self.d)
+
+        def tracked(m: Msg) -> MessageRecord:
+            self.described.add(m)
+            return plain(m)  # type: ignore[operator, no-any-return]
+
+        return tracked
+
+    def _grow(self) -> None:
+        i = len(self.hist)
+        self.hist += [("user", f"u{i}.{self.cleared}"), ("assistant", f"a{i}.{self.cleared}")]
+
     @rule(n=st.integers(1, 3))
     def append(self, n: int) -> None:
         for _ in range(n):
-            i = len(self.hist)
-            self.hist += [("user", f"u{i}"), ("assistant", f"a{i}")]
+            self._grow()
 
     @rule()
     def load_sync(self) -> None:
-        self.d.load("c", list(self.hist), describe(self.d))  # type: ignore[arg-type]
+        self.d.load("c", list(self.hist), self._describe())  # type: ignore[arg-type]
         assert self.d.drain(10)
 
     @rule()
     def load_async(self) -> None:
         async def go() -> None:
-            await self.d.aload("c", list(self.hist), describe(self.d))  # type: ignore[arg-type]
+            await self.d.aload("c", list(self.hist), self._describe())  # type: ignore[arg-type]
             assert await self.d.adrain(10)
 
         asyncio.run(go())
+
+    @rule(behind=st.integers(1, 8))
+    def stale_read(self, behind: int) -> None:
+        """A slow request loads a copy read before the newest appends (maybe right
+        after a compaction committed): it gets a window and changes nothing."""
+        stale = self.hist[: max(1, len(self.hist) - behind)]
+        before = self.d.state_of("c")
+        w = self.d.load("c", stale, describe(self.d))  # type: ignore[arg-type]
+        assert self.d.drain(10)
+        assert w.messages == stale[w.start :] and w.pinned == stale[: len(w.pinned)]
+        if len(stale) < before.window_start and stale[-1] in self.described:
+            assert self.d.state_of("c") == before, "a stale copy must not move the state"
+
+    @rule(how=st.sampled_from(["clear", "forget"]), during_summary=st.booleans())
+    def clear(self, how: str, during_summary: bool) -> None:
+        """The adapter clears the history, maybe while a summary is being written."""
+        if during_summary:
+            self.summarizer.mode = "block"
+            self.summarizer.release.clear()
+            self.d.load("c", list(self.hist), self._describe())  # type: ignore[arg-type]
+        getattr(self.d, how)("c")
+        self.cleared += 1
+        self.hist = [("system", "sys")]
+        self.described.clear()
+        self.summarizer.release.set()
+        assert self.d.drain(10)
+        self.summarizer.mode = "ok"
+        assert self.d.state_of("c") == ConversationState(), "a stale summary came back"
 
     @rule(mode=st.sampled_from(["ok", "fail"]))
     def summarizer_mode(self, mode: str) -> None:
@@ -270,11 +320,10 @@ class CompactionMachine(RuleBasedStateMachine):
     def slow_summary_while_loading(self, extra: int) -> None:
         self.summarizer.mode = "block"
         self.summarizer.release.clear()
-        self.d.load("c", list(self.hist), describe(self.d))  # type: ignore[arg-type]
+        self.d.load("c", list(self.hist), self._describe())  # type: ignore[arg-type]
         for _ in range(extra):
-            i = len(self.hist)
-            self.hist += [("user", f"u{i}"), ("assistant", f"a{i}")]
-            self.d.load("c", list(self.hist), describe(self.d))  # type: ignore[arg-type]
+            self._grow()
+            self.d.load("c", list(self.hist), self._describe())  # type: ignore[arg-type]
         self.summarizer.release.set()
         assert self.d.drain(10)
         self.summarizer.mode = "ok"
@@ -284,6 +333,7 @@ class CompactionMachine(RuleBasedStateMachine):
         assert self.d.drain(10)
         self.state.close()
         self.store.restart()
+        self.described.clear()
         self._new_demoter()
 
     @invariant()
@@ -291,15 +341,14 @@ class CompactionMachine(RuleBasedStateMachine):
         if not hasattr(self, "d"):
             return
         state = self.d.state_of("c")
-        delivered = set(self.store.keys.values())
         for i in range(1, len(self.hist)):
             in_window = i >= state.window_start
             summarized = i < state.summarized
-            if not (in_window or summarized or i in delivered):
+            # Delivered: this message's key (not just its position, which a history
+            # written after a clear reuses) is in the store.
+            key = make_key("c", i, self.d.describe(*self.hist[i]).fingerprint)
+            if not (in_window or summarized or key in self.store.keys):
                 raise AssertionError(f"message {i} lost: {state}")
-            if i in delivered:
-                key = make_key("c", i, self.d.describe(*self.hist[i]).fingerprint)
-                assert key in self.store.keys
         assert state.delivered <= state.window_start
         assert self.store.repeats_this_process == 0
 
