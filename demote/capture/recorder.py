@@ -45,7 +45,9 @@ import contextlib
 import queue
 import threading
 from types import TracebackType
+from typing import Self
 
+from demote._closing import Closing
 from demote.capture.base import CURRENT_KEY, RecorderBase, current_key
 from demote.capture.dispatch import Envelope, Wait, _Stop
 from demote.capture.outbox import SQLiteOutbox
@@ -54,7 +56,7 @@ from demote.records import Demotion
 __all__ = ["AsyncRecorder", "Recorder", "current_key"]
 
 
-class Recorder(RecorderBase):
+class Recorder(RecorderBase, Closing):
     """Delivers items to a sink from one background thread, off the caller's path.
 
     Args:
@@ -75,17 +77,9 @@ class Recorder(RecorderBase):
         self._queue: queue.SimpleQueue[Envelope | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> Self:
         self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def start(self) -> None:
         """Start the worker thread (idempotent; a no-op after close).
