@@ -1,46 +1,119 @@
-"""An in-process state store: the default, lost when the process exits."""
+"""An in-process state store: the default, lost when the process exits.
+
+It keeps the whole store protocol, leases included, so two Demoters sharing one instance
+behave like two workers sharing Redis (the tests use it that way). Nothing here does I/O,
+so the async twins simply call the sync methods.
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
+from collections.abc import Callable
+from typing import ClassVar
 
 from demote.records import ConversationState
+from demote.state.base import Lease, tombstone
 
 __all__ = ["InMemoryStateStore"]
 
 
 class InMemoryStateStore:
-    """Conversation states in a dict guarded by a lock."""
+    """Conversation states and leases in dicts guarded by a lock.
 
-    def __init__(self) -> None:
+    Args:
+        clock: Seconds, monotonic; leases expire by it (tests pass a fake one).
+    """
+
+    #: Its methods never block: the engine's async path calls them directly.
+    nonblocking: ClassVar[bool] = True
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._states: dict[str, ConversationState] = {}
+        self._leases: dict[str, tuple[str, int, float]] = {}  # holder, token, expires
+        self._tokens = itertools.count(1)
+        self._clock = clock
         self._lock = threading.Lock()
 
     def get(self, conversation_id: str) -> ConversationState | None:
         """The stored state, or ``None``."""
         return self._states.get(conversation_id)
 
+    def _holds(self, lease: Lease) -> bool:
+        held = self._leases.get(lease.conversation_id)
+        return (
+            held is not None
+            and held[:2] == (lease.holder, lease.token)
+            and held[2] > self._clock()
+        )
+
     def compare_and_set(
         self,
         conversation_id: str,
         expected: ConversationState | None,
         new: ConversationState,
+        *,
+        lease: Lease | None = None,
+        release: bool = False,
     ) -> bool:
-        """Store ``new`` if the current state equals ``expected``."""
+        """Store ``new`` if the current state equals ``expected`` (and ``lease`` holds)."""
         with self._lock:
-            if self._states.get(conversation_id) != expected:
-                return False
-            self._states[conversation_id] = new
-            return True
+            ok = self._states.get(conversation_id) == expected and (
+                lease is None or self._holds(lease)
+            )
+            if ok:
+                self._states[conversation_id] = new
+            if release and lease is not None:
+                self._drop_lease(lease)
+            return ok
+
+    def clear(self, conversation_id: str) -> ConversationState:
+        """Leave a tombstone one generation on, and revoke the lease."""
+        with self._lock:
+            tomb = tombstone(self._states.get(conversation_id))
+            self._states[conversation_id] = tomb
+            self._leases.pop(conversation_id, None)
+            return tomb
 
     def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state."""
+        """Forget the conversation's state and lease."""
         with self._lock:
             self._states.pop(conversation_id, None)
+            self._leases.pop(conversation_id, None)
 
     def count(self) -> int:
         """How many conversations have state."""
         return len(self._states)
+
+    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
+        """Take the lease for ``ttl`` seconds if it is free or expired."""
+        with self._lock:
+            now = self._clock()
+            held = self._leases.get(conversation_id)
+            if held is not None and held[2] > now:
+                return None
+            token = next(self._tokens)
+            self._leases[conversation_id] = (holder, token, now + ttl)
+            return Lease(conversation_id, holder, token, self._states.get(conversation_id))
+
+    def renew_lease(self, lease: Lease, ttl: float) -> bool:
+        """Extend ``lease`` if it is still held and unexpired."""
+        with self._lock:
+            if not self._holds(lease):
+                return False
+            self._leases[lease.conversation_id] = (lease.holder, lease.token, self._clock() + ttl)
+            return True
+
+    def release_lease(self, lease: Lease) -> None:
+        """Give ``lease`` back if it is still held."""
+        with self._lock:
+            self._drop_lease(lease)
+
+    def _drop_lease(self, lease: Lease) -> None:
+        held = self._leases.get(lease.conversation_id)
+        if held is not None and held[:2] == (lease.holder, lease.token):
+            del self._leases[lease.conversation_id]
 
     def close(self) -> None:
         """Nothing to release."""
