@@ -10,6 +10,7 @@ from demote.errors import (
     ConfigError,
     ConversationIdError,
     DemoteError,
+    HookBusy,
     HookError,
     HookTimeout,
     MissingExtraError,
@@ -28,6 +29,7 @@ from demote.records import (
     MessageRecord,
     Recalled,
 )
+from demote.retry import Backoff
 from demote.state import (
     InMemoryStateStore,
     PostgresStateStore,
@@ -39,6 +41,7 @@ from demote.summarize import ModelSummarizer, TemplateSummarizer
 
 __all__ = [
     "AsyncRecorder",
+    "Backoff",
     "Bulk",
     "CallbackHook",
     "CapturedTurn",
@@ -51,6 +54,7 @@ __all__ = [
     "Demoter",
     "Demotion",
     "FanOutHook",
+    "HookBusy",
     "HookError",
     "HookTimeout",
     "InMemoryStateStore",

@@ -4,7 +4,11 @@ The engine's logic lives in generators (sans-I/O, like httpx's ``auth_flow``): t
 an operation when they need I/O and receive its result, or its exception, back. The sync
 driver performs an operation with blocking calls, the async driver awaits it; everything
 else is shared. Cancelling an async driver closes the flow, so its ``finally`` blocks run
-(the in-flight gate is always released).
+(the in-flight gate is always released; a lease is handed to the engine's keeper thread).
+
+Every I/O of a load is an operation here: the state store's reads, leases and commits
+(:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
+summary. So the async path awaits the stores' async twins and never blocks the loop.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from demote._runner import HookRunner
 from demote.errors import HookTimeout, SummarizerError
-from demote.hooks.simple import deliver_async, deliver_sync
+from demote.hooks.simple import deliver_sync, native_async
 from demote.records import Demotion, MessageRecord
 from demote.sync import run_sync
 
@@ -37,28 +43,105 @@ class Op(Protocol):
 Flow = Generator[Op, Any, R]
 
 
-async def _bounded(awaitable: Any, timeout: float | None, what: str) -> Any:
-    if timeout is None:
-        return await awaitable
-    try:
-        return await asyncio.wait_for(awaitable, timeout)
-    except TimeoutError as exc:
-        raise HookTimeout(f"{what} did not finish within {timeout} s") from exc
+@dataclass(slots=True)
+class StoreCall:
+    """Call ``store.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
+
+    A store without that async twin runs the sync method in a worker thread, unless it
+    declares ``nonblocking = True`` (no I/O at all): then the sync method is called.
+    """
+
+    store: object
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run_sync(self) -> Any:
+        return getattr(self.store, self.name)(*self.args, **self.kwargs)
+
+    async def run_async(self) -> Any:
+        twin = getattr(self.store, "a" + self.name, None)
+        if twin is not None:
+            return await twin(*self.args, **self.kwargs)
+        method = getattr(self.store, self.name)
+        if getattr(self.store, "nonblocking", False):
+            return method(*self.args, **self.kwargs)
+        return await asyncio.to_thread(method, *self.args, **self.kwargs)
+
+
+def store_call(store: object, name: str, *args: Any, **kwargs: Any) -> StoreCall:
+    """A :class:`StoreCall` (keyword arguments included)."""
+    return StoreCall(store, name, args, kwargs)
+
+
+@dataclass(slots=True)
+class HasKeys:
+    """Which of ``keys`` the hook already holds (``ahas_keys`` on the async path)."""
+
+    hook: object
+    conversation_id: str
+    keys: list[str]
+
+    def run_sync(self) -> set[str]:
+        return set(self.hook.has_keys(self.conversation_id, self.keys))  # type: ignore[attr-defined]
+
+    async def run_async(self) -> set[str]:
+        twin = getattr(self.hook, "ahas_keys", None)
+        if twin is not None:
+            return set(await twin(self.conversation_id, self.keys))
+        probe = self.hook.has_keys  # type: ignore[attr-defined]
+        return set(await asyncio.to_thread(probe, self.conversation_id, self.keys))
 
 
 @dataclass(slots=True)
 class Deliver:
-    """Hand a batch to the hook."""
+    """Hand a batch to the hook, for at most ``timeout`` seconds.
+
+    A sync hook runs on the engine's own :class:`~demote._runner.HookRunner` when there is
+    a timeout or an event loop to keep free; an async hook is awaited (and cancelled when
+    it times out). A sync call that outlives its wait cannot be stopped: ``orphan`` is
+    handed its future, so the engine keeps the conversation busy until the call ends.
+    """
 
     hook: object
     batch: Demotion
-    timeout: float | None = None
+    timeout: float | None
+    runner: HookRunner
+    orphan: Callable[[Future[None]], None]
 
     def run_sync(self) -> None:
-        deliver_sync(self.hook, self.batch)
+        if self.timeout is None:
+            deliver_sync(self.hook, self.batch)
+            return
+        future = self.runner.submit(deliver_sync, self.hook, self.batch)
+        try:
+            future.result(self.timeout)
+        except BaseException as exc:
+            self._abandon(future, exc)
 
     async def run_async(self) -> None:
-        await _bounded(deliver_async(self.hook, self.batch), self.timeout, "hook")
+        if native_async(self.hook):
+            try:
+                await asyncio.wait_for(self.hook.adeliver(self.batch), self.timeout)  # type: ignore[attr-defined]
+            except TimeoutError as exc:
+                raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
+            return
+        future = self.runner.submit(deliver_sync, self.hook, self.batch)
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.timeout)
+        except BaseException as exc:  # timed out, cancelled, or the hook's own error
+            self._abandon(future, exc)
+
+    def _abandon(self, future: Future[None], exc: BaseException) -> None:
+        """Stop waiting for ``future``; re-raise its outcome, or the reason we stopped."""
+        if not future.done():
+            self.orphan(future)  # the thread runs on; the conversation stays busy till it ends
+        elif isinstance(exc, Exception):
+            future.result()  # it finished meanwhile (or raised): its own outcome counts
+            return
+        if isinstance(exc, TimeoutError):
+            raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
+        raise exc
 
 
 @dataclass(slots=True)

@@ -6,46 +6,58 @@ Adapters call :meth:`Demoter.load` (or :meth:`Demoter.aload`) on every read with
 conversation's full history and a function that describes one message as a
 :class:`~demote.records.MessageRecord`. One load:
 
-1. takes the conversation's in-flight gate if it is free (never waits for it);
-2. reads the committed state and describes only the messages the planner needs (records
-   are cached per conversation by message identity, so an unchanged window is not
-   re-described, and each message's tokens are counted once in its life);
-3. runs the pure planner; a history that no longer matches the state is re-synced from a
-   fresh state, and messages whose keys the hook already holds are not offered again.
-   The planner's group index (``Plan.index``) is cached with the records and handed back
-   while the cached messages are still the same objects, so a load that appended one
-   message plans over one message, not the window; any mismatch, a re-sync, ``clear`` or
-   ``forget`` drops it and the next plan builds it afresh;
-4. if the plan demotes messages and this caller holds the gate, hands them to the hook as
-   one :class:`~demote.records.Demotion`, then commits the new watermark with
-   compare-and-set. A caller without the gate returns the planned window at once: the
-   holder is delivering. A hook failure keeps the watermark (the next load retries) and
-   the window keeps the undelivered messages;
+1. reads the committed state (one store round trip);
+2. describes only the messages the planner needs (records are cached per conversation by
+   message identity, see :mod:`demote._views`) and runs the pure planner. A history that
+   no longer matches the state is re-synced from a fresh state (one generation on); a
+   stale, shorter copy read by a slow request is served its own window and changes
+   nothing;
+3. if the plan moves the window, or messages are *pending* (they left the window but the
+   hook has not accepted them) and the conversation's retry backoff allows an attempt, it
+   takes the conversation's in-process gate and, on a shared store, its lease (never
+   waiting for either: a caller without them returns the planned window at once). The
+   lease comes with the committed state read in the same step; if it moved on, the load
+   re-plans against it;
+4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
+   the lease's fencing token, then commits the new window start and how far the hook got
+   with one compare-and-set that is valid only while the lease is held, and releases the
+   lease in the same step. A hook failure moves nothing back: the window start is
+   committed anyway (the window obeys the policy's bound whatever the hook does), the
+   watermark stays behind the undelivered messages, and the conversation backs off;
 5. returns the window: pinned system messages, the committed summary, the kept messages.
 
-Steps 1-3 and 5 are plain code shared by both entry points. The only I/O that differs
-between sync and async callers, the hook call, is yielded by a generator (``_flow``) as an
-operation object; two short drivers run it, one blocking, one awaiting. ``clear`` and
-``forget`` bump the conversation's epoch, so a delivery still in flight when they run
-neither commits its stale state nor releases the newer reservation.
+Every message is therefore, at all times, in the window, covered by the committed
+summary, delivered to the hook, or pending and retried. The inner store (the source of
+truth) is never touched.
+
+Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``_flow``) and
+performed by two short drivers, one blocking, one awaiting (:mod:`demote._flow`), so the
+async path never blocks an event loop. A sync hook that must not block past
+``hook_timeout`` (or must not block an event loop) runs on the engine's own threads
+(:mod:`demote._runner`); a call that outlives its wait keeps the conversation busy, gate
+and lease, until it ends, so the same messages are never handed to the hook twice at once.
+Leases are renewed by a keeper thread while a hook runs; ``clear`` revokes them and leaves
+a tombstone one generation on, so a delivery begun before it commits nothing after it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import operator
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Literal, TypeVar
 
-from demote._flow import Deliver, Flow, Sleep, Spawn, Summarize, drive_async, drive_sync
-from demote._groups import GroupIndex
+from demote._closing import Closing
+from demote._flow import Deliver, Flow, HasKeys, Sleep, Spawn, Summarize, drive_async, drive_sync
+from demote._flow import store_call as _op
+from demote._runner import HookRunner, LeaseKeeper
+from demote._validate import count, seconds
+from demote._views import View, ViewCache, snapshot_bounds
 from demote.errors import ConfigError, HookError
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
@@ -58,7 +70,8 @@ from demote.records import (
     fingerprint,
     make_key,
 )
-from demote.state.base import StateStore, validate_conversation_id
+from demote.retry import Backoff, RetryTracker
+from demote.state.base import Lease, StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
 from demote.tokens import TokenCache
@@ -76,22 +89,14 @@ def render_summary(summary: str) -> str:
 
 logger = logging.getLogger("demote")
 
-# How many fingerprints of messages that left the window a conversation's view remembers.
-_LEFT_KEPT = 64
-
 # A finished summary waits this long, at most, for a delivery in flight to end.
 _GATE_POLLS = 200
 _GATE_POLL_SECONDS = 0.02
 
 T = TypeVar("T")
-R = TypeVar("R")
 
-# ConversationState's fields in constructor order, and where the watermarks a load moves sit.
+_FRESH = ConversationState()
 _STATE_FIELDS = tuple(f.name for f in fields(ConversationState) if f.init)
-_state_values = operator.attrgetter(*_STATE_FIELDS)
-_WATERMARKS = ("window_start", "delivered", "pinned", "anchor")
-_watermarks = operator.attrgetter(*_WATERMARKS)
-_WATERMARK_AT = tuple(_STATE_FIELDS.index(name) for name in _WATERMARKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,9 @@ class Window(Generic[T]):
         start: Absolute index of ``messages[0]``.
         total: Length of the full history.
         demoted: Messages this call handed to the hook.
+        pending: Messages that left the window but the hook has not accepted yet (they
+            are retried with backoff; the inner store still has them).
+        delivered: The hook's watermark: messages before it were accepted.
     """
 
     conversation_id: str
@@ -115,32 +123,43 @@ class Window(Generic[T]):
     start: int
     total: int
     demoted: int = 0
+    pending: int = 0
+    delivered: int = 0
 
     def __len__(self) -> int:
         return len(self.pinned) + len(self.messages)
 
 
 @dataclass(slots=True)
-class _View:
-    """Records of one conversation's recent messages, cached by message identity.
+class _Work:
+    """One plan of one history against one committed state, and the state to commit."""
 
-    ``raws[i]`` is the message at absolute index ``base + i`` and ``records[i]`` its
-    record; ``left[i]`` is the fingerprint of the message at ``left_base + i``, one of the
-    newest that moved out of the view (kept to recognise a stale, shorter snapshot).
-    ``index`` is the planner's group index over (a suffix of) those records, set once by
-    the load that made the view; it is only handed back to the planner while the messages
-    it covers are the same objects.
-    """
+    messages: Sequence[Any]
+    stored: ConversationState | None  # the committed state planned against
+    plan: Plan
+    view: View
+    target: ConversationState  # window moved; ``delivered`` as committed
+    resynced: bool
+    known: bool  # the hook may hold some of these messages already (re-sync, clear)
 
-    base: int
-    raws: list[Any]
-    records: list[MessageRecord]
-    index: GroupIndex | None = None
-    left_base: int = 0
-    left: tuple[str, ...] = ()  # fingerprints of the newest messages that left the view
+    @property
+    def changed(self) -> bool:
+        return self.target != (self.stored or _FRESH)
 
 
-class Demoter:
+@dataclass(slots=True, eq=False)
+class _Hold:
+    """A conversation's in-process gate, and its store lease once taken."""
+
+    conversation_id: str
+    holder: str
+    lease: Lease | None = None
+    released: bool = False  # the lease was given back (or committed with release)
+    orphan: Future[Any] | None = None  # a hook call that outlived its wait
+    batch: tuple[int, int, int] | None = None  # (lo, hi, generation) being delivered
+
+
+class Demoter(Closing):
     """Keeps each conversation's active window and demotes what falls out, once.
 
     One Demoter serves any number of conversations; share it across adapters.
@@ -150,20 +169,29 @@ class Demoter:
         hook: Where demoted messages go (``NoopHook`` if omitted): an object with
             ``deliver(batch)`` and/or ``async adeliver(batch)``.
         state: Where watermarks live; ``InMemoryStateStore()`` if omitted, use
-            ``SQLiteStateStore(path)`` to survive restarts.
+            ``SQLiteStateStore(path)`` to survive restarts and ``RedisStateStore`` or
+            ``PostgresStateStore`` for a fleet of workers.
         on_hook_error: ``"log"`` (warn and return the window) or ``"raise"``
-            (:class:`~demote.errors.HookError` to the caller that drove the delivery).
-            Either way the watermark stays and the next load retries.
-        hook_timeout: Seconds an async load waits for the hook before giving up
-            (:class:`~demote.errors.HookTimeout`); ``None`` waits forever.
+            (:class:`~demote.errors.HookError` to the caller that drove the delivery,
+            after the window move is committed). Either way the messages stay pending and
+            a later load retries them.
+        hook_timeout: Seconds a load waits for the hook (sync and async loads alike;
+            ``None`` waits forever). A sync hook's call cannot be stopped: it runs on in
+            the engine's own thread and the conversation is not handed to the hook again
+            until it ends.
         summarizer: Folds the groups a ``Compact`` policy marks into a running summary,
             off the hot path (see :mod:`demote.summarize`). Without one, ``Compact``
-            behaves as bulk eviction at ``limit + 2 * compact_count``.
-        lease_ttl: Seconds a delivery lease lasts on stores shared across processes
-            (Redis, Postgres), so a crashed worker cannot hold a conversation forever.
+            behaves as bulk eviction at ``limit + 2 * compact_count`` (logged once).
+        lease_ttl: Seconds a delivery lease lasts on a shared store before another worker
+            may take over; renewed while a hook runs. A finite number > 0.
         cached_conversations: How many conversations keep their described window in
             memory (least recently loaded go first); a conversation without one is
             described again on its next load, which costs time, not correctness.
+        retry: How long a conversation whose hook failed waits before the next attempt.
+        max_batch: Most messages handed to the hook in one batch (a backlog is delivered
+            in several, each committed as it succeeds).
+        hook_threads: Threads the engine keeps for sync hook calls with a timeout (or from
+            async loads); with all of them busy, a delivery is refused and stays pending.
     """
 
     def __init__(
@@ -173,42 +201,58 @@ class Demoter:
         *,
         state: StateStore | None = None,
         on_hook_error: Literal["log", "raise"] = "log",
-        hook_timeout: float | None = None,
+        hook_timeout: float | None = 30.0,
         summarizer: object | None = None,
         lease_ttl: float = 30.0,
         cached_conversations: int = 1_000,
+        retry: Backoff | None = None,
+        max_batch: int = 500,
+        hook_threads: int = 8,
     ) -> None:
         if not isinstance(policy, SlidingWindow):
             raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
         if on_hook_error not in ("log", "raise"):
             raise ConfigError(f"on_hook_error: must be 'log' or 'raise', got {on_hook_error!r}")
-        if hook_timeout is not None and not hook_timeout > 0:
-            raise ConfigError(f"hook_timeout: must be > 0 seconds, got {hook_timeout!r}")
+        self.hook_timeout = (
+            None if hook_timeout is None else seconds("hook_timeout", hook_timeout, optional=True)
+        )
+        self.lease_ttl = seconds("lease_ttl", lease_ttl)
+        if retry is not None and not isinstance(retry, Backoff):
+            raise ConfigError(f"retry: expected a Backoff, got {type(retry).__name__}")
+        self.max_batch = count("max_batch", max_batch)
         self.policy = policy
         self.hook: object = NoopHook() if hook is None else hook
         check_hook(self.hook)
-        self.state: StateStore = InMemoryStateStore() if state is None else state
+        store = InMemoryStateStore() if state is None else state
+        for method in ("get", "compare_and_set"):
+            if not callable(getattr(store, method, None)):
+                raise ConfigError(f"state: {type(store).__name__} has no {method}() method")
+        self.state: StateStore = store
         self.on_hook_error = on_hook_error
-        self.hook_timeout = hook_timeout
         if summarizer is not None:
             check_summarizer(summarizer)
+        elif isinstance(policy.eviction, Compact):
+            logger.warning(
+                "demote: a Compact policy without a summarizer behaves as bulk eviction at "
+                "limit + 2 x compact_count; pass summarizer= to keep the gist in the prompt"
+            )
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
+        self._noop = type(self.hook) is NoopHook
+        self._probe = callable(getattr(self.hook, "has_keys", None))
+        self._direct = bool(getattr(store, "nonblocking", False))
+        self._leasing = callable(getattr(store, "acquire_lease", None))
+        self._views = ViewCache(count("cached_conversations", cached_conversations))
+        self._retry = RetryTracker(retry or Backoff())
+        self._runner = HookRunner(count("hook_threads", hook_threads))
+        self._keeper = LeaseKeeper(store, self.lease_ttl)
         self._background: set[Any] = set()
         self._background_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._gates: dict[str, object] = {}
+        self._gates: dict[str, _Hold] = {}
         self._compacting: dict[str, object] = {}
-        self._instance = uuid.uuid4().hex
-        self.lease_ttl = lease_ttl
-        self._epochs: dict[str, int] = {}
-        self._epoch_clock = itertools.count(1)  # epochs are never reused, even after forget
-        if isinstance(cached_conversations, bool) or not isinstance(cached_conversations, int):
-            raise ConfigError(f"cached_conversations: must be an int, got {cached_conversations!r}")
-        if cached_conversations < 1:
-            raise ConfigError(f"cached_conversations: must be >= 1, got {cached_conversations}")
-        self._views: OrderedDict[str, _View] = OrderedDict()
-        self._views_max = cached_conversations
+        self._instance = uuid.uuid4().hex[:12]
+        self._holders = itertools.count(1)
 
     # -- describing messages -------------------------------------------------------------
 
@@ -220,112 +264,6 @@ class Demoter:
         fp = fingerprint(role, text, opens, answers)
         return MessageRecord(role, text, fp, self.tokens.count(fp, text), opens, answers)
 
-    def _records(
-        self,
-        conversation_id: str,
-        messages: Sequence[T],
-        lo: int,
-        describe: Callable[[T], MessageRecord],
-    ) -> _View:
-        """A new view of ``messages[lo:]``, reusing the cached records of the same objects.
-
-        The common case, the cached messages from ``lo`` on are the same objects and
-        messages were appended, is checked in one C-level pass and describes only the
-        appended messages; it also keeps the cached group index. Anything else (a message
-        replaced, the history shorter, ``lo`` before the cache) reuses records one by one
-        and drops the index.
-        """
-        lo = min(lo, len(messages))
-        # A list's slice is a fresh list; anything else is copied so the cache owns it.
-        raws = messages[lo:] if type(messages) is list else list(messages[lo:])
-        view = self._views.get(conversation_id)
-        index = None
-        if view is None:
-            records = [describe(m) for m in raws]
-        else:
-            vb, vraws, vrecs = view.base, view.raws, view.records
-            skip = lo - vb
-            kept = len(vraws) - skip  # cached messages from lo on
-            if (
-                skip >= 0
-                and 0 <= kept <= len(raws)
-                and all(map(operator.is_, raws, itertools.islice(vraws, skip, None)))
-            ):
-                records = vrecs[skip:]
-                if kept < len(raws):
-                    records.extend(map(describe, raws[kept:]))
-                index = view.index
-            else:
-                vn = len(vraws)
-                records = []
-                for i, m in enumerate(raws, lo):
-                    j = i - vb
-                    records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
-        left_base, left = (0, ()) if view is None else (view.left_base, view.left)
-        if view is not None and 0 < lo - view.base <= len(view.records):
-            left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
-            left = left[-_LEFT_KEPT:]
-            left_base = lo - len(left)
-        view = _View(lo, raws, records, index, left_base, left)
-        with self._lock:
-            views = self._views
-            views[conversation_id] = view
-            views.move_to_end(conversation_id)
-            if len(views) > self._views_max:
-                views.popitem(last=False)
-        return view
-
-    def _is_stale(
-        self,
-        cid: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        state: ConversationState,
-    ) -> bool:
-        """Is ``messages`` an older copy of the history (its last message is one we saw)?
-
-        Only a copy shorter than the window start or than the history the view last saw
-        can be one; the common load, as long as both, costs two comparisons.
-        """
-        n = len(messages)
-        view = self._views.get(cid)
-        if n >= state.window_start and (view is None or n >= view.base + len(view.records)):
-            return False
-        if n == 0:
-            return True
-        if view is None:
-            return False
-        i, fp = n - 1, describe(messages[n - 1]).fingerprint
-        if view.base <= i < view.base + len(view.records):
-            return view.records[i - view.base].fingerprint == fp
-        j = i - view.left_base
-        return 0 <= j < len(view.left) and view.left[j] == fp
-
-    def _snapshot_window(
-        self,
-        cid: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        state: ConversationState,
-    ) -> Window[T]:
-        """The window of a stale copy: nothing delivered or committed.
-
-        A copy shorter than the window start is planned on its own (what its cut leaves
-        out was demoted); a longer one gets the committed window, ending where it ends.
-        """
-        n = len(messages)
-        if n < state.window_start:
-            p = plan(self.policy, ConversationState(), [describe(m) for m in messages])
-            summary = state.summary if state.summarized <= n else None
-            return self._window(cid, messages, p.pinned, p.window_start, summary)
-        if state.window_start > state.pinned:
-            return self._window(cid, messages, state.pinned, state.window_start, state.summary)
-        pinned = 0  # nothing demoted yet: the window starts after the pinned prefix as it is
-        if self.policy.pin_system:
-            while pinned < n and describe(messages[pinned]).role == "system":
-                pinned += 1
-        return self._window(cid, messages, pinned, pinned, state.summary)
-
     # -- loading --------------------------------------------------------------------------
 
     def load(
@@ -334,7 +272,7 @@ class Demoter:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
     ) -> Window[T]:
-        """Plan the window, deliver newly demoted messages, commit, return the window."""
+        """Plan the window, deliver what is pending, commit, return the window."""
         return drive_sync(self._flow(conversation_id, messages, describe))
 
     async def aload(
@@ -343,7 +281,7 @@ class Demoter:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
     ) -> Window[T]:
-        """Async :meth:`load`: the hook is awaited (a sync hook runs in a thread)."""
+        """Async :meth:`load`: every store round trip and the hook are awaited."""
         return await drive_async(self._flow(conversation_id, messages, describe))
 
     def _flow(
@@ -352,128 +290,361 @@ class Demoter:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
     ) -> Flow[Window[T]]:
-        cid = conversation_id
-        if type(cid) is not str or cid not in self._epochs:  # known ids were validated
-            cid = validate_conversation_id(conversation_id)
-        token = object()
-        epoch, holder = self._enter(cid, token)
-        resynced = unconfirmed = False  # re-synced, and not (yet) committed
-        view: _View | None = None
-        try:
-            stored = self.state.get(cid)
-            state = stored or ConversationState()
-            if self._is_stale(cid, messages, describe, state):
-                # A request that read the history before a newer one appended to it: not a
-                # rewrite, and not the current history either. Serve it, change nothing.
-                return self._snapshot_window(cid, messages, describe, state)
-            view = self._records(cid, messages, needed_from(state), describe)
-            records, base = view.records, view.base
-            p = plan(self.policy, state, records, base=base, index=view.index)
-            if p.rewritten:
-                logger.warning(
-                    "demote: history of conversation %r no longer matches its demotion "
-                    "state (%d messages, window started at %d); re-syncing",
-                    cid,
-                    len(messages),
-                    state.window_start,
-                )
-                state = ConversationState(generation=state.generation + 1)
-                view = self._records(cid, messages, 0, describe)
-                records, base = view.records, view.base
-                p = plan(self.policy, state, records, base=0)  # no index: rewritten
-                resynced = unconfirmed = True
-            view.index = p.index
-            new_state = self._advance(state, p, records, base)
-            # The committed window: before anything is demoted it starts right after the
-            # pinned prefix as it is now (as the plan's does), which may have shrunk.
-            committed = p.pinned if state.window_start <= state.pinned else state.window_start
-            if not holder:  # another caller is delivering: the committed window, at once
-                return self._window(cid, messages, p.pinned, committed, state.summary)
-            compacting = self.summarizer is not None and isinstance(self.policy.eviction, Compact)
-            if compacting and p.window_start > committed:
-                logger.warning(
-                    "demote: conversation %r reached limit + 2 x compact_count before "
-                    "a summary was ready; falling back to bulk eviction (messages go to the hook)",
-                    cid,
-                )
-            demoted = 0
-            if p.deliver and type(self.hook) is NoopHook:  # it keeps nothing: no batch
-                demoted = len(p.deliver)
-            elif p.deliver:
-                # After a re-sync the watermark restarted at 0: what the hook already holds
-                # from before the rewrite must not be offered again, now or on later loads.
-                known = resynced or state.generation > 0
-                batch = self._batch(cid, messages, records, base, p.deliver, skip_known=known)
-                if batch.messages:
-                    try:
-                        yield Deliver(self.hook, batch, self.hook_timeout)
-                    except Exception as exc:
-                        self._hook_failed(cid, batch, exc)
-                        return self._window(cid, messages, p.pinned, committed, state.summary)
-                    demoted = len(batch.messages)
-            # _advance returns ``state`` itself when nothing moved, and ``state`` is the
-            # stored one (or a fresh one, when none is stored) unless we re-synced.
-            changed = resynced or new_state is not state
-            if changed and not self._commit(cid, epoch, stored, new_state):
-                return self._window(
-                    cid, messages, p.pinned, p.window_start, new_state.summary, demoted
-                )
-            if changed:
-                stored = new_state
-                unconfirmed = False
-            if p.compact is not None and self.summarizer is not None:
-                job_token = object()
-                with self._lock:
-                    idle = cid not in self._compacting
-                    if idle:
-                        self._compacting[cid] = job_token
-                if idle:
-                    job = self._compact(
-                        cid, job_token, epoch, stored, new_state, records, base, p, messages
-                    )
-                    try:
-                        yield Spawn(job, self._background, self._background_lock)
-                    except Exception:
-                        self._release(self._compacting, cid, job_token)
-                        raise
-            return self._window(cid, messages, p.pinned, p.window_start, new_state.summary, demoted)
-        finally:
-            if unconfirmed:
-                # The view holds a history the committed state does not describe: a later
-                # load of it must not pass for a stale copy (whose window hides messages).
-                with self._lock:
-                    if self._views.get(cid) is view:
-                        del self._views[cid]
-            if holder:
-                self._release_gate(cid, token)
+        cid = validate_conversation_id(conversation_id)
+        stored = yield from self._store("get", cid)
+        work = self._prepare(cid, messages, describe, stored)
+        if isinstance(work, Window):
+            return work
+        window, done = yield from self._run(cid, describe, stored, work)
+        if done is not None and done.plan.compact is not None and self.summarizer is not None:
+            yield from self._maybe_compact(cid, done)
+        return window
 
-    def _compact(
+    def _run(
         self,
         cid: str,
-        token: object,
-        epoch: int,
-        expected: ConversationState | None,
-        state: ConversationState,
-        records: list[MessageRecord],
-        base: int,
-        p: Plan,
-        messages: Sequence[Any],
-    ) -> Flow[None]:
-        """Background job: summarize the pending groups, then commit and deliver them.
+        describe: Callable[[T], MessageRecord],
+        stored: ConversationState | None,
+        work: _Work,
+    ) -> Flow[tuple[Window[T], _Work | None]]:
+        """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
+        if not (work.changed or self._deliverable(cid, work)):
+            return self._window(cid, work), work
+        hold = self._take(cid)
+        if hold is None:  # another caller of this process is delivering
+            self._unconfirmed(cid, work)
+            return self._window(cid, work), work
+        try:
+            if self._leasing:
+                lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
+                if lease is None:  # another worker is delivering
+                    self._unconfirmed(cid, work)
+                    return self._window(cid, work), work
+                hold.lease = lease
+                self._keeper.hold(lease)
+                if lease.state != stored:  # it moved on since we read it: plan again
+                    replanned = self._prepare(cid, work.messages, describe, lease.state)
+                    if isinstance(replanned, Window):
+                        yield from self._release(hold)
+                        return replanned, None
+                    work = replanned
+            committed, demoted, error = yield from self._settle(hold, work)
+        finally:
+            self._let_go(hold)
+        if committed is None:
+            self._unconfirmed(cid, work)
+        if error is not None and self.on_hook_error == "raise":
+            if isinstance(error, HookError):
+                raise error
+            raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
+        if self._noop and committed is not None:  # it took what left the window at once
+            prev = work.stored or _FRESH
+            before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
+            demoted = max(0, committed.delivered - before)
+        return self._window(cid, work, committed, demoted), work
+
+    def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+        """Call the state store: directly if it never blocks, else as a yielded op."""
+        if self._direct:
+            return getattr(self.state, name)(*args, **kwargs)
+        return (yield _op(self.state, name, *args, **kwargs))
+
+    def _prepare(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        stored: ConversationState | None,
+    ) -> _Work | Window[T]:
+        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
+        state = stored or _FRESH
+        if self._views.is_stale(cid, messages, describe, state):
+            # A request that read the history before a newer one appended to it: not a
+            # rewrite, and not the current history either. Serve it, change nothing.
+            pinned, start, summary = snapshot_bounds(self.policy, messages, describe, state)
+            pending = max(0, state.window_start - state.delivered)
+            return self._slice(cid, messages, pinned, start, summary, 0, pending, state.delivered)
+        view = self._views.records(cid, messages, needed_from(state), describe)
+        p = plan(self.policy, state, view.records, base=view.base, index=view.index)
+        resynced = False
+        if p.rewritten:
+            logger.warning(
+                "demote: history of conversation %r no longer matches its demotion "
+                "state (%d messages, window started at %d); re-syncing",
+                cid,
+                len(messages),
+                state.window_start,
+            )
+            state = ConversationState(generation=state.generation + 1)
+            view = self._views.records(cid, messages, 0, describe)
+            p = plan(self.policy, state, view.records, base=0)  # no index: rewritten
+            resynced = True
+        view.index = p.index
+        target = self._advance(state, p, view)
+        if (
+            self.summarizer is not None
+            and isinstance(self.policy.eviction, Compact)
+            and p.window_start > max(state.window_start, p.pinned)
+        ):
+            logger.warning(
+                "demote: conversation %r reached limit + 2 x compact_count before a summary "
+                "was ready; falling back to bulk eviction (messages go to the hook)",
+                cid,
+            )
+        known = resynced or state.generation > 0
+        return _Work(messages, stored, p, view, target, resynced, known)
+
+    def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
+        """The state with the plan's window applied (``delivered`` moves only for Noop)."""
+        start = p.window_start
+        anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
+        fresh = state.window_start <= state.pinned  # nothing was demoted before
+        delivered = p.pinned if fresh else state.delivered
+        if self._noop:  # it keeps nothing, so it accepts everything at once
+            delivered = max(delivered, start)
+        if (start, delivered, p.pinned, anchor) == (
+            state.window_start,
+            state.delivered,
+            state.pinned,
+            state.anchor,
+        ):
+            return state
+        return replace(
+            state, window_start=start, delivered=delivered, pinned=p.pinned, anchor=anchor
+        )
+
+    def _deliverable(self, cid: str, work: _Work) -> bool:
+        """Are messages pending, and may the hook be called for them now?"""
+        target = work.target
+        return target.delivered < target.window_start and self._retry.ready(cid)
+
+    def _settle(
+        self, hold: _Hold, work: _Work
+    ) -> Flow[tuple[ConversationState | None, int, Exception | None]]:
+        """With the gate (and lease) held: deliver what is pending, then commit.
+
+        Returns the committed state (``None`` if the commit was refused), how many
+        messages the hook accepted, and the hook's error, if any.
+        """
+        cid = hold.conversation_id
+        target, stored = work.target, work.stored
+        delivered, end = target.delivered, target.window_start
+        demoted = 0
+        error: Exception | None = None
+        if delivered < end and self._deliverable(cid, work):
+            while delivered < end:
+                hi = min(end, delivered + self.max_batch)
+                batch = yield from self._batch(hold, work, delivered, hi)
+                if batch.messages:
+                    hold.batch = (delivered, hi, target.generation)
+                    try:
+                        yield Deliver(
+                            self.hook, batch, self.hook_timeout, self._runner, self._adopter(hold)
+                        )
+                    except Exception as exc:
+                        error = exc
+                        break
+                    demoted += len(batch.messages)
+                    self._sent(work, batch)
+                delivered = hi
+                if delivered < end:  # a backlog: make each batch's progress durable
+                    step = replace(target, delivered=delivered)
+                    if not (yield from self._commit(hold, stored, step, release=False)):
+                        return None, demoted, None
+                    stored = step
+            if error is None:
+                self._retry.succeeded(cid)
+            else:
+                self._hook_failed(cid, batch, error)
+        final = target if delivered == target.delivered else replace(target, delivered=delivered)
+        if final == (stored or _FRESH):
+            yield from self._release(hold)
+            return stored or _FRESH, demoted, error
+        ok = yield from self._commit(hold, stored, final, release=True)
+        return (final if ok else None), demoted, error
+
+    def _batch(self, hold: _Hold, work: _Work, lo: int, hi: int) -> Flow[Demotion]:
+        """The messages ``[lo, hi)`` as one batch, less what the hook already holds."""
+        cid = hold.conversation_id
+        records, base, messages = work.view.records, work.view.base, work.messages
+        out = []
+        for i in range(lo, hi):
+            rec = records[i - base]
+            key = make_key(cid, i, rec.fingerprint)
+            out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
+        if work.known and out:
+            # After a re-sync or a clear the watermark restarted: what the hook (or, for a
+            # hook that cannot tell, this process) already holds is not offered again.
+            if self._probe:
+                held = yield HasKeys(self.hook, cid, [m.key for m in out])
+                out = [m for m in out if m.key not in held]
+            else:
+                was = self._views.was_sent
+                out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]
+        fence = hold.lease.token if hold.lease is not None else None
+        return Demotion(cid, tuple(out), fence)
+
+    def _sent(self, work: _Work, batch: Demotion) -> None:
+        if not self._probe:  # a key-aware hook answers for itself
+            records, base = work.view.records, work.view.base
+            self._views.mark_sent(
+                batch.conversation_id,
+                [(m.index, records[m.index - base].fingerprint) for m in batch.messages],
+            )
+
+    def _commit(
+        self,
+        hold: _Hold,
+        stored: ConversationState | None,
+        new: ConversationState,
+        *,
+        release: bool,
+    ) -> Flow[bool]:
+        """Compare-and-set ``new``, fenced by the hold's lease (released if asked)."""
+        lease = hold.lease
+        kwargs: dict[str, Any] = {}
+        if lease is not None:
+            release = release and hold.orphan is None  # a running call keeps it
+            kwargs = {"lease": lease, "release": release}
+        ok = yield from self._store("compare_and_set", hold.conversation_id, stored, new, **kwargs)
+        if lease is not None and kwargs["release"]:
+            hold.released = True
+            self._keeper.drop(lease)
+        if not ok:
+            logger.info(
+                "demote: commit for conversation %r refused (advanced or cleared elsewhere, "
+                "or the lease was lost); keeping theirs",
+                hold.conversation_id,
+            )
+        return bool(ok)
+
+    def _release(self, hold: _Hold) -> Flow[None]:
+        """Give the lease back now (unless a running hook call still needs it)."""
+        lease = hold.lease
+        if lease is None or hold.released or hold.orphan is not None:
+            return
+        hold.released = True
+        self._keeper.drop(lease)
+        try:
+            yield from self._store("release_lease", lease)
+        except Exception as exc:  # it expires on its own
+            logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
+
+    def _hook_failed(self, cid: str, batch: Demotion, exc: Exception) -> None:
+        wait = self._retry.failed(cid)
+        logger.warning(
+            "demote: hook failed for conversation %r (%d messages pending, next attempt in "
+            "%.3g s): %r",
+            cid,
+            len(batch.messages),
+            wait,
+            exc,
+        )
+
+    # -- the gate, and hook calls that outlive their wait --------------------------------------
+
+    def _take(self, cid: str) -> _Hold | None:
+        """The conversation's in-process gate, if free (never waits)."""
+        with self._lock:
+            if cid in self._gates:
+                return None
+            hold = self._gates[cid] = _Hold(cid, f"{self._instance}:{next(self._holders)}")
+            return hold
+
+    def _let_go(self, hold: _Hold) -> None:
+        """Free the gate when a flow ends; a lease still held is released in the background."""
+        if hold.orphan is not None:
+            return  # the running call lets go when it ends
+        lease = hold.lease
+        if lease is not None and not hold.released:  # the flow failed or was cancelled
+            hold.released = True
+            if self._direct:  # no I/O: give it back now
+                self._keeper.drop(lease)
+                self.state.release_lease(lease)  # type: ignore[attr-defined]
+            else:  # a cancelled flow cannot wait for a round trip
+                self._keeper.release_later(lease)
+        with self._lock:
+            if self._gates.get(hold.conversation_id) is hold:
+                del self._gates[hold.conversation_id]
+
+    def _adopter(self, hold: _Hold) -> Callable[[Future[Any]], None]:
+        def adopt(future: Future[Any]) -> None:
+            hold.orphan = future
+            future.add_done_callback(lambda f: self._orphan_done(hold, f))
+
+        return adopt
+
+    def _orphan_done(self, hold: _Hold, future: Future[Any]) -> None:
+        """A hook call that outlived its wait ended: count a late success, let go.
+
+        Runs on the hook's thread. The watermark moves only if it still stands where the
+        call began (same generation, nothing delivered since).
+        """
+        cid, lease = hold.conversation_id, hold.lease
+        try:
+            if hold.batch is not None and not future.cancelled() and future.exception() is None:
+                lo, hi, generation = hold.batch
+                current = self.state.get(cid)
+                if (
+                    current is not None
+                    and current.generation == generation
+                    and current.delivered == lo
+                    and current.window_start >= hi
+                ):
+                    kwargs: dict[str, Any] = {} if lease is None else {"lease": lease}
+                    late = replace(current, delivered=hi)
+                    if self.state.compare_and_set(cid, current, late, **kwargs):
+                        self._retry.succeeded(cid)
+        except Exception as exc:
+            logger.warning("demote: recording a late delivery for %r failed: %r", cid, exc)
+        finally:
+            if lease is not None and not hold.released:
+                hold.released = True
+                self._keeper.release_later(lease)
+            with self._lock:
+                if self._gates.get(cid) is hold:
+                    del self._gates[cid]
+
+    def _unconfirmed(self, cid: str, work: _Work) -> None:
+        if work.resynced:
+            # The view holds a history the committed state does not describe: a later
+            # load of it must not pass for a stale copy (whose window hides messages).
+            self._views.drop(cid, work.view)
+
+    # -- compaction -------------------------------------------------------------------------
+
+    def _maybe_compact(self, cid: str, work: _Work) -> Flow[None]:
+        """Start a summary of the groups the plan marked, unless one is being written."""
+        token = object()
+        with self._lock:
+            if cid in self._compacting:
+                return
+            self._compacting[cid] = token
+        try:
+            yield Spawn(self._compact(cid, token, work), self._background, self._background_lock)
+        except BaseException:
+            with self._lock:
+                if self._compacting.get(cid) is token:
+                    del self._compacting[cid]
+            raise
+
+    def _compact(self, cid: str, token: object, work: _Work) -> Flow[None]:
+        """Background job: summarize the marked groups, then commit and deliver them.
 
         Summarizing holds only the conversation's compaction slot (one summary at a time),
         so loads keep delivering meanwhile and the bulk fallback stays possible. Committing
-        and delivering take the in-flight gate like a load does; if the state moved on
-        while the summary was written, the summary is discarded and a later load retries.
+        takes the gate and lease like a load does; if the state moved on while the summary
+        was written, the summary is discarded and a later load starts another.
         """
-        assert p.compact is not None
-        lo, hi = p.compact
-        gate = object()
-        holder = False
+        assert work.plan.compact is not None
+        lo, hi = work.plan.compact
+        base_state = work.target
+        records, base = work.view.records, work.view.base
+        hold: _Hold | None = None
         try:
             try:
                 summary = yield Summarize(
-                    self.summarizer, state.summary, records[lo - base : hi - base]
+                    self.summarizer, base_state.summary, records[lo - base : hi - base]
                 )
             except Exception as exc:
                 logger.warning(
@@ -483,160 +654,75 @@ class Demoter:
                 )
                 return
             for _ in range(_GATE_POLLS):
-                with self._lock:
-                    if self._epochs.get(cid) != epoch:
-                        return
-                holder = self._try_gate(cid, gate)
-                if holder:
+                hold = self._take(cid)
+                if hold is not None and self._leasing:
+                    lease = yield from self._store(
+                        "acquire_lease", cid, hold.holder, self.lease_ttl
+                    )
+                    if lease is None:
+                        self._let_go(hold)
+                        hold = None
+                    else:
+                        hold.lease = lease
+                        self._keeper.hold(lease)
+                if hold is not None:
                     break
                 yield Sleep(_GATE_POLL_SECONDS)
-            if not holder:
+            if hold is None:
                 logger.info("demote: summary for %r discarded (conversation busy)", cid)
                 return
+            if hold.lease is not None:
+                current = hold.lease.state
+            else:
+                current = yield from self._store("get", cid)
+            now = current or _FRESH
+            same = ("generation", "window_start", "summarized", "pinned", "anchor")
+            if any(getattr(now, f) != getattr(base_state, f) for f in same):
+                logger.info("demote: summary for %r discarded (the state moved on)", cid)
+                yield from self._release(hold)
+                return
             compacted = replace(
-                state,
+                now,
                 summary=summary,
                 summarized=hi,
                 window_start=hi,
                 anchor=records[hi - 1 - base].fingerprint,
             )
-            if not self._commit(cid, epoch, expected, compacted):
-                return
-            batch = self._batch(cid, messages, records, base, range(state.delivered, hi))
-            if batch.messages:
-                try:
-                    yield Deliver(self.hook, batch, self.hook_timeout)
-                except Exception as exc:  # covered by the summary; next load retries
-                    self._hook_failed(cid, batch, exc, reraise=False)
-                    return
-            self._commit(cid, epoch, compacted, replace(compacted, delivered=hi))
+            job = replace(work, stored=current, target=compacted, resynced=False)
+            yield from self._settle(hold, job)
         finally:
-            if holder:
-                self._release_gate(cid, gate)
-            self._release(self._compacting, cid, token)
+            if hold is not None:
+                self._let_go(hold)
+            with self._lock:
+                if self._compacting.get(cid) is token:
+                    del self._compacting[cid]
 
-    def _enter(self, cid: str, token: object) -> tuple[int, bool]:
-        """The conversation's epoch (made on first use), and :meth:`_try_gate`, in one lock."""
-        with self._lock:
-            epoch = self._epochs.get(cid)
-            if epoch is None:
-                epoch = self._epochs[cid] = next(self._epoch_clock)
-            if cid in self._gates:
-                return epoch, False
-            self._gates[cid] = token
-        return epoch, self._lease(cid, token)
+    # -- windows ----------------------------------------------------------------------------
 
-    def _try_gate(self, cid: str, token: object) -> bool:
-        """Take the conversation's in-flight gate, and the store's lease if it has them."""
-        with self._lock:
-            if cid in self._gates:
-                return False
-            self._gates[cid] = token
-        return self._lease(cid, token)
-
-    def _lease(self, cid: str, token: object) -> bool:
-        """Take the store's lease for a gate ``token`` holds; on failure, free the gate."""
-        acquire = getattr(self.state, "acquire_lease", None)
-        if acquire is None:
-            return True
-        try:
-            leased = bool(acquire(cid, f"{self._instance}:{id(token)}", self.lease_ttl))
-        except BaseException:
-            self._release(self._gates, cid, token)
-            raise
-        if not leased:
-            self._release(self._gates, cid, token)
-        return leased
-
-    def _release_gate(self, cid: str, token: object) -> None:
-        release = getattr(self.state, "release_lease", None)
-        try:
-            if release is not None:
-                release(cid, f"{self._instance}:{id(token)}")
-        finally:
-            self._release(self._gates, cid, token)
-
-    def _release(self, slots: dict[str, object], cid: str, token: object) -> None:
-        with self._lock:
-            if slots.get(cid) is token:
-                del slots[cid]
-
-    def _hook_failed(
-        self, cid: str, batch: Demotion, exc: Exception, *, reraise: bool = True
-    ) -> None:
-        if reraise and self.on_hook_error == "raise":
-            if isinstance(exc, HookError):
-                raise exc
-            raise HookError(f"hook failed for conversation {cid!r}: {exc}") from exc
-        logger.warning(
-            "demote: hook failed for conversation %r (%d messages not yet delivered, "
-            "retried on the next load): %r",
-            cid,
-            len(batch.messages),
-            exc,
+    def _window(
+        self,
+        cid: str,
+        work: _Work,
+        state: ConversationState | None = None,
+        demoted: int = 0,
+    ) -> Window[Any]:
+        """The window ``work`` planned, with the watermark of ``state`` (or the target)."""
+        p, s = work.plan, state or work.target
+        pending = max(0, p.window_start - max(s.delivered, p.pinned))
+        return self._slice(
+            cid, work.messages, p.pinned, p.window_start, s.summary, demoted, pending, s.delivered
         )
 
-    def _advance(
-        self, state: ConversationState, p: Plan, records: list[MessageRecord], base: int
-    ) -> ConversationState:
-        start = p.window_start
-        anchor = records[start - 1 - base].fingerprint if start > p.pinned else None
-        fresh = state.window_start <= state.pinned  # nothing was demoted before
-        delivered = start if fresh else max(state.delivered, start)
-        moved = (start, delivered, p.pinned, anchor)
-        if moved == _watermarks(state):
-            return state
-        values = list(_state_values(state))  # dataclasses.replace, without its introspection
-        for at, value in zip(_WATERMARK_AT, moved, strict=True):
-            values[at] = value
-        return ConversationState(*values)
-
-    def _batch(
-        self,
-        cid: str,
-        messages: Sequence[Any],
-        records: list[MessageRecord],
-        base: int,
-        indexes: range,
-        *,
-        skip_known: bool = False,
-    ) -> Demotion:
-        out = []
-        for i in indexes:
-            rec = records[i - base]
-            key = make_key(cid, i, rec.fingerprint)
-            out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
-        if skip_known and out:
-            probe = getattr(self.hook, "has_keys", None)
-            if probe is not None:
-                known = set(probe(cid, [m.key for m in out]))
-                out = [m for m in out if m.key not in known]
-        return Demotion(cid, tuple(out))
-
-    def _commit(
-        self,
-        cid: str,
-        epoch: int,
-        stored: ConversationState | None,
-        new: ConversationState,
-    ) -> bool:
-        with self._lock:
-            if self._epochs.get(cid) != epoch:
-                logger.info("demote: discarding a stale commit for cleared conversation %r", cid)
-                return False
-            ok = self.state.compare_and_set(cid, stored, new)
-        if not ok:
-            logger.info("demote: conversation %r was advanced elsewhere; keeping theirs", cid)
-        return ok
-
     @staticmethod
-    def _window(
+    def _slice(
         cid: str,
         messages: Sequence[T],
         pinned: int,
         start: int,
         summary: str | None,
-        demoted: int = 0,
+        demoted: int,
+        pending: int,
+        delivered: int,
     ) -> Window[T]:
         n = len(messages)
         start = min(start, n)
@@ -644,28 +730,41 @@ class Demoter:
             head, kept = messages[:pinned], messages[start:]
         else:
             head, kept = list(messages[:pinned]), list(messages[start:])
-        return Window(cid, head, summary, kept, start, n, demoted)
+        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def clear(self, conversation_id: str) -> None:
-        """Reset the conversation's state (adapters call this when they clear history).
+        """Reset the conversation's demotion state (adapters call this when they clear).
 
-        A delivery still in flight for it finishes but commits nothing.
+        The store keeps a tombstone one generation on and revokes the conversation's
+        lease, so a delivery still in flight for it, in any process, commits nothing.
+        What the hook already holds stays there (see ``erase`` to remove it).
         """
-        cid = validate_conversation_id(conversation_id)
-        with self._lock:
-            self._epochs[cid] = next(self._epoch_clock)
-            self._gates.pop(cid, None)
-            self._compacting.pop(cid, None)
-            self._views.pop(cid, None)
-            self.state.delete(cid)
+        drive_sync(self._reset(conversation_id, "clear"))
+
+    async def aclear(self, conversation_id: str) -> None:
+        """Async :meth:`clear`."""
+        await drive_async(self._reset(conversation_id, "clear"))
 
     def forget(self, conversation_id: str) -> None:
-        """Drop everything tracked for the conversation (state, caches, reservation)."""
-        self.clear(conversation_id)
+        """Drop everything tracked for the conversation: its state row, lease and caches."""
+        drive_sync(self._reset(conversation_id, "delete"))
+
+    async def aforget(self, conversation_id: str) -> None:
+        """Async :meth:`forget`."""
+        await drive_async(self._reset(conversation_id, "delete"))
+
+    def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
+        cid = validate_conversation_id(conversation_id)
         with self._lock:
-            self._epochs.pop(conversation_id, None)
+            self._gates.pop(cid, None)
+            self._compacting.pop(cid, None)
+        self._views.forget(cid)
+        self._retry.succeeded(cid)
+        if how == "clear" and not callable(getattr(self.state, "clear", None)):
+            how = "delete"  # a store from before tombstones
+        yield from self._store(how, cid)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work started by sync loads (summaries); ``True`` if idle.
@@ -686,6 +785,8 @@ class Demoter:
 
     async def adrain(self, timeout: float | None = None) -> bool:
         """Await background tasks started by async loads (and threads of sync loads)."""
+        import asyncio
+
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._background_lock:
@@ -707,3 +808,13 @@ class Demoter:
         """The committed state of a conversation (a fresh one if it has none)."""
         cid = validate_conversation_id(conversation_id)
         return self.state.get(cid) or ConversationState()
+
+    async def astate_of(self, conversation_id: str) -> ConversationState:
+        """Async :meth:`state_of`."""
+        cid = validate_conversation_id(conversation_id)
+        return (await drive_async(self._store("get", cid))) or ConversationState()
+
+    def close(self) -> None:
+        """Stop the engine's threads (hook calls still running finish on their own)."""
+        self._keeper.close()
+        self._runner.close()

@@ -8,7 +8,8 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     │   ├── ConversationIdError            a conversation id is empty, not a str, or unsafe
     │   └── TranscriptError                a transcript line cannot be read (names the line)
     ├── HookError                          a demotion hook failed (``on_hook_error="raise"``)
-    │   └── HookTimeout(TimeoutError)      an async hook did not finish within ``hook_timeout``
+    │   ├── HookTimeout(TimeoutError)      a hook did not finish within ``hook_timeout``
+    │   └── HookBusy                       every hook thread is busy with earlier (hung) calls
     ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
     ├── StoreError                         a state store, archive or outbox backend failed
     └── MissingExtraError(ImportError)     an optional extra is not installed
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigError",
     "ConversationIdError",
     "DemoteError",
+    "HookBusy",
     "HookError",
     "HookTimeout",
     "MissingExtraError",
@@ -57,7 +59,18 @@ class HookError(DemoteError):
 
 
 class HookTimeout(HookError, TimeoutError):
-    """An async hook did not finish within the configured ``hook_timeout``."""
+    """A hook did not finish within the configured ``hook_timeout``.
+
+    A sync hook's call cannot be stopped: it runs on in the engine's own thread, and the
+    conversation is not handed to the hook again until it ends (its messages stay pending).
+    """
+
+
+class HookBusy(HookError):
+    """Every thread the engine keeps for sync hook calls is busy (a hung sink?).
+
+    The batch was not started; its messages stay pending and are retried with backoff.
+    """
 
 
 class SummarizerError(DemoteError):

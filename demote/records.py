@@ -163,10 +163,19 @@ class DemotedMessage:
 
 @dataclass(frozen=True, slots=True)
 class Demotion:
-    """A batch of messages demoted from one conversation, oldest first."""
+    """A batch of messages demoted from one conversation, oldest first.
+
+    Attributes:
+        conversation_id: The conversation.
+        messages: The messages, oldest first.
+        fence: The fencing token of the delivery lease the batch was sent under (``None``
+            on a store without leases). Tokens only grow: a sink that has seen a higher
+            token for the conversation may refuse this batch as coming from a stale worker.
+    """
 
     conversation_id: str
     messages: tuple[DemotedMessage, ...]
+    fence: int | None = None
 
     def __len__(self) -> int:
         return len(self.messages)

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from demote.planner import Plan
+from demote.planner import Plan, turn_groups
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord, fingerprint
 from demote.tokens import MESSAGE_OVERHEAD, approximate_tokens
@@ -167,3 +167,31 @@ def advance(
         pinned=p.pinned,
         anchor=anchor,
     )
+
+
+def sizes(policy: SlidingWindow, recs: Sequence[MessageRecord]) -> tuple[int, int]:
+    """(size in the policy's unit, number of turn groups) of a window, counted afresh."""
+    if not recs:
+        return 0, 0
+    groups = len(turn_groups(recs))
+    if policy.unit == "turns":
+        return groups, groups
+    if policy.unit == "messages":
+        return len(recs), groups
+    return sum(r.tokens for r in recs), groups
+
+
+def slack(policy: SlidingWindow) -> int:
+    """How far over its limit the policy lets a window grow (Bulk, Compact)."""
+    ev = policy.eviction
+    if isinstance(ev, Bulk):
+        return ev.overflow
+    if isinstance(ev, Compact):
+        return 2 * ev.compact_count
+    return 0
+
+
+def within_bound(policy: SlidingWindow, recs: Sequence[MessageRecord]) -> bool:
+    """Does a window obey the policy's bound (or hold one group too big to cut)?"""
+    size, groups = sizes(policy, recs)
+    return size <= policy.limit + slack(policy) or groups <= 1

@@ -11,7 +11,14 @@ from demote.errors import ConfigError
 from demote.records import Demotion
 from demote.sync import run_sync
 
-__all__ = ["CallbackHook", "FanOutHook", "NoopHook", "deliver_async", "deliver_sync"]
+__all__ = [
+    "CallbackHook",
+    "FanOutHook",
+    "NoopHook",
+    "deliver_async",
+    "deliver_sync",
+    "native_async",
+]
 
 
 class NoopHook:
@@ -48,6 +55,18 @@ async def deliver_async(hook: object, batch: Demotion) -> None:
     await asyncio.to_thread(deliver, batch)
 
 
+def native_async(hook: object) -> bool:
+    """Does ``hook.adeliver`` await real async I/O (not a sync call moved to a thread)?
+
+    The engine awaits such a hook; any other runs on the engine's own threads, never the
+    event loop's default executor. A hook says so with a ``native_async`` attribute; one
+    without it is native if it has ``adeliver``.
+    """
+    if not callable(getattr(hook, "adeliver", None)):
+        return False
+    return bool(getattr(hook, "native_async", True))
+
+
 def check_hook(hook: object) -> None:
     """Raise :class:`ConfigError` unless ``hook`` has ``deliver`` or ``adeliver``."""
     if not callable(getattr(hook, "deliver", None)) and not callable(
@@ -70,6 +89,11 @@ class CallbackHook:
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - async callable objects too
         )
+
+    @property
+    def native_async(self) -> bool:
+        """Only an async ``fn`` is awaited; a sync one runs on the engine's threads."""
+        return self._is_async
 
     def deliver(self, batch: Demotion) -> None:
         """Call ``fn`` (to completion, if it is async)."""
@@ -101,6 +125,11 @@ class FanOutHook:
         for hook in hooks:
             check_hook(hook)
         self.hooks = hooks
+
+    @property
+    def native_async(self) -> bool:
+        """Awaited only if every hook is (else the whole fan-out runs on a thread)."""
+        return all(native_async(hook) for hook in self.hooks)
 
     def deliver(self, batch: Demotion) -> None:
         """Deliver to each hook in turn."""

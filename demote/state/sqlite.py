@@ -17,6 +17,7 @@ from dataclasses import astuple, fields
 from demote._closing import Closing
 from demote.errors import StoreError
 from demote.records import ConversationState
+from demote.state.base import Lease, tombstone
 
 __all__ = ["SQLiteStateStore"]
 
@@ -92,8 +93,12 @@ class SQLiteStateStore(Closing):
         conversation_id: str,
         expected: ConversationState | None,
         new: ConversationState,
+        *,
+        lease: Lease | None = None,
+        release: bool = False,
     ) -> bool:
         """Store ``new`` if the current state equals ``expected`` (one transaction)."""
+        del lease, release  # no leases here (yet)
         with self._tx(immediate=True) as db:
             if self._read(db, conversation_id) != expected:
                 return False
@@ -103,6 +108,17 @@ class SQLiteStateStore(Closing):
                 (conversation_id, *astuple(new)),
             )
             return True
+
+    def clear(self, conversation_id: str) -> ConversationState:
+        """Leave a tombstone one generation on."""
+        with self._tx(immediate=True) as db:
+            tomb = tombstone(self._read(db, conversation_id))
+            db.execute(
+                f"INSERT OR REPLACE INTO demote_state (conversation_id, {', '.join(_COLUMNS)}) "
+                f"VALUES (?{', ?' * len(_COLUMNS)})",
+                (conversation_id, *astuple(tomb)),
+            )
+            return tomb
 
     def delete(self, conversation_id: str) -> None:
         """Forget the conversation's state."""

@@ -228,7 +228,7 @@ class DemotingMemoryContract:
         driver.clear()
         assert driver.all() == []
         assert driver.window() == []
-        assert driver.demoter.state_of("clr") == ConversationState()
+        assert driver.demoter.state_of("clr") == ConversationState(generation=1)  # tombstone
         hook.clear()
         _script(driver, hook, 8, "after")  # demotion starts over from index 0
         assert all("after" in text for _, text, _, _ in hook.records())

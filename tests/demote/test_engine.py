@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from demote import (
+    Backoff,
     ConfigError,
     ConversationIdError,
     ConversationState,
@@ -154,22 +155,47 @@ def test_policy_that_never_demotes_still_loads() -> None:
     assert load(Demoter(LAST4), "c", msgs).start == 46  # NoopHook by default
 
 
-def test_hook_failure_keeps_watermark_and_next_load_retries(
+def test_hook_failure_moves_the_window_and_keeps_the_messages_pending(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     hook = RecordingHook()
-    d = Demoter(LAST4, hook)
+    d = Demoter(LAST4, hook, retry=Backoff(0, 0))
     msgs = chat(10)
     hook.fail = True
     with caplog.at_level(logging.WARNING, logger="demote"):
         w = load(d, "c", msgs)
     assert "hook failed" in caplog.text
-    assert (w.start, w.demoted) == (0, 0), "undelivered messages stay in the window"
-    assert d.state_of("c") == ConversationState()
+    assert (w.start, w.demoted, w.pending, w.delivered) == (6, 0, 6, 0), "bounded, pending"
+    state = d.state_of("c")
+    assert (state.window_start, state.delivered) == (6, 0)
     hook.fail = False
     w = load(d, "c", msgs)
-    assert (w.start, w.demoted) == (6, 6)
+    assert (w.start, w.demoted, w.pending, w.delivered) == (6, 6, 0, 6)
     assert hook.indexes("c") == list(range(6)) and hook.duplicates() == 0
+
+
+def test_a_failing_hook_is_retried_after_its_backoff_not_on_every_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook = RecordingHook()
+    hook.fail = True
+    d = Demoter(LAST4, hook, retry=Backoff(initial=60, maximum=60))
+    msgs = chat(4)
+    with caplog.at_level(logging.WARNING, logger="demote"):
+        for _ in range(20):
+            msgs += unique([Msg("user", "more"), Msg("assistant", "ok")])
+            w = load(d, "c", msgs)
+            assert len(w.messages) <= 4, "bounded while the hook is down"
+    assert hook.calls == 1, "a dead sink is not called on every turn"
+    assert caplog.text.count("hook failed") == 1, "one warning per backoff period"
+    assert w.pending == len(msgs) - 4
+    # A new Demoter (a restart) tries at once, and delivers the whole backlog in order.
+    hook.fail = False
+    d2 = Demoter(LAST4, hook, state=d.state, max_batch=7)
+    w = load(d2, "c", msgs)
+    assert (w.pending, w.delivered) == (0, len(msgs) - 4)
+    assert hook.indexes("c") == list(range(len(msgs) - 4)) and hook.duplicates() == 0
+    assert max(len(b) for b in hook.batches) == 7  # a backlog goes in batches
 
 
 def test_only_newly_demoted_messages_are_reported() -> None:
@@ -255,7 +281,8 @@ def test_raise_reaches_only_the_caller_that_drove_the_delivery() -> None:
     assert isinstance(box.get("error"), HookError)
     assert "hook is down" in str(box["error"])
     assert isinstance(box["error"].__cause__, RuntimeError)
-    assert d.state_of("c") == ConversationState()
+    state = d.state_of("c")  # the window move was committed before the error was raised
+    assert (state.window_start, state.delivered) == (6, 0)
 
 
 async def test_hook_timeout_raises_hook_timeout() -> None:
@@ -266,7 +293,8 @@ async def test_hook_timeout_raises_hook_timeout() -> None:
     d = Demoter(LAST4, Slow(), on_hook_error="raise", hook_timeout=0.05)
     with pytest.raises(HookTimeout):
         await aload(d, "c", chat(10))
-    assert d.state_of("c") == ConversationState()
+    state = d.state_of("c")
+    assert (state.window_start, state.delivered) == (6, 0)
 
 
 async def test_hook_timeout_logs_and_next_load_delivers(caplog: pytest.LogCaptureFixture) -> None:
@@ -279,12 +307,12 @@ async def test_hook_timeout_logs_and_next_load_delivers(caplog: pytest.LogCaptur
                 await asyncio.sleep(5)
             await hook.adeliver(batch)
 
-    d = Demoter(LAST4, MaybeSlow(), hook_timeout=0.05)
+    d = Demoter(LAST4, MaybeSlow(), hook_timeout=0.05, retry=Backoff(0, 0))
     msgs = chat(10)
     with caplog.at_level(logging.WARNING, logger="demote"):
         w = await aload(d, "c", msgs)
     assert "HookTimeout" in caplog.text
-    assert w.start == 0
+    assert (w.start, w.pending) == (6, 6)
     slow["on"] = False
     assert (await aload(d, "c", msgs)).demoted == 6
     assert hook.inner.duplicates() == 0
@@ -363,8 +391,12 @@ def test_concurrent_with_clear_does_not_resurrect_state(how: str, committed_befo
     hook.release.set()
     t.join(5)
     assert "error" not in box
-    assert d.state.get("c") is None, f"a stale delivery resurrected state after {how}"
-    assert d.tracked_conversations() == 0
+    state = d.state.get("c")
+    if how == "forget":
+        assert state is None, "a stale delivery resurrected state after forget"
+        assert d.tracked_conversations() == 0
+    else:  # clear leaves a tombstone one generation on, which nothing stale overwrote
+        assert state == ConversationState(generation=1)
     # The conversation starts over cleanly.
     fresh = chat(6, "fresh")
     assert load(d, "c", fresh).start == 2
@@ -500,6 +532,8 @@ def test_odd_conversation_ids_round_trip_safely(cid: str, tmp_path: Path) -> Non
     assert sorted(store.conversations()) == sorted([cid, "other"])
     assert sorted(os.listdir(tmp_path)) == files, "no file is made from the id"
     d.clear(cid)
+    assert d.state_of(cid) == ConversationState(generation=1)
+    d.forget(cid)
     assert store.conversations() == ["other"]
     store.close()
 
@@ -583,16 +617,20 @@ def test_a_rewrite_whose_resync_failed_is_not_mistaken_for_a_stale_copy_on_the_n
     # view, so loading it again looked like a stale copy and its window hid a message
     # that was neither delivered nor covered by a summary.
     hook = KeyedHook()
-    d = Demoter(SlidingWindow.last_messages(1), hook)
+    d = Demoter(SlidingWindow.last_messages(1), hook, retry=Backoff(0, 0))
     load(d, "c", unique([Msg("user", "a"), Msg("user", "b"), Msg("user", "c"), Msg("user", "d")]))
     assert d.state_of("c").window_start == 3
     hook.fail = True
     rewritten = unique([Msg("user", "x"), Msg("user", "y")])
-    assert load(d, "c", rewritten).start == 0  # re-sync: its delivery failed, nothing moved
+    w = load(d, "c", rewritten)  # re-sync: the window moves, its delivery failed
+    assert (w.start, w.pending) == (1, 1)
+    state = d.state_of("c")
+    assert (state.generation, state.window_start, state.delivered) == (1, 1, 0)
     w = load(d, "c", rewritten)
-    assert w.start == 0, "message 0 is neither in the window nor delivered"
+    assert (w.start, w.pending) == (1, 1), "message 0 stays pending, not lost"
     hook.fail = False
-    assert load(d, "c", rewritten).start == 1
+    w = load(d, "c", rewritten)
+    assert (w.start, w.pending) == (1, 0)
     assert rewritten[0].text in {text for _, _, text in hook.store.values()}
 
 
@@ -607,7 +645,12 @@ def test_a_failed_delivery_after_the_pinned_head_shrank_keeps_every_message_in_t
     hook.fail = True
     rewritten = unique([Msg("user", "rewritten"), Msg("user", "second")])
     w = load(d, "c", rewritten)
-    assert w.pinned == [] and w.start == 0, "message 0 is neither in the window nor delivered"
+    assert w.pinned == [] and (w.start, w.pending) == (1, 1), "message 0 is pending"
+    hook.fail = False
+    d2 = Demoter(SlidingWindow.last_messages(1), hook, state=d.state)  # no backoff yet
+    w = load(d2, "c", rewritten)
+    assert (w.start, w.pending) == (1, 0)
+    assert rewritten[0].text in {text for _, _, text in hook.store.values()}
 
 
 def test_a_stale_copy_past_the_window_start_commits_nothing_so_a_late_result_keeps_its_call() -> (

@@ -3,10 +3,13 @@ forgets, rewrites, stale reads, system messages appearing at and leaving the hea
 results arriving turns late, hook failures and restarts on a durable SQLite state store,
 with a view cache of one conversation or of all.
 
-After every step: every message is in the window or delivered; no key is delivered twice
+After every step: every message below the hook's watermark is in the hook's store (the
+rest are in the window or pending, and still in the history); no key is delivered twice
 within a process; across restarts the key-keyed store holds each key once and nothing was
-delivered again (the state store is durable). After every load: the window starts a turn
-group and no result is kept without its call, unless the call was demoted first.
+delivered again (the state store is durable). After every load: the window obeys the
+policy's bound whatever the hook does, starts a turn group, and keeps no result without
+its call unless the call was demoted first. Once the hook recovers, one load delivers
+everything pending.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from demote import Demoter, Demotion, SlidingWindow, SQLiteStateStore
+from demote import Backoff, Demoter, Demotion, SlidingWindow, SQLiteStateStore
 from demote.records import MessageRecord, fingerprint, make_key
-from tests.strategies import Msg, describer, policies, turn, unique
+from tests.strategies import Msg, describer, policies, turn, unique, within_bound
 
 CIDS = ("alpha", "beta")
 
@@ -82,7 +85,13 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _new_demoter(self) -> Demoter:
         store = SQLiteStateStore(self.dir / "state.db")
-        return Demoter(self.policy, self.hook, state=store, cached_conversations=self.cache)
+        return Demoter(
+            self.policy,
+            self.hook,
+            state=store,
+            cached_conversations=self.cache,
+            retry=Backoff(0, 0),  # a recovered hook is retried on the next load
+        )
 
     def _touch(self, cid: str) -> None:
         """A load of ``cid`` may push the other conversations out of the view cache."""
@@ -142,8 +151,11 @@ class EngineMachine(RuleBasedStateMachine):
         assert w.messages == history[w.start :], "the window is a suffix, in order"
         assert w.pinned == history[: len(w.pinned)]
         assert all(m.role == "system" for m in w.pinned)
-        for i in range(len(w.pinned), w.start):
+        for i in range(len(w.pinned), min(w.start, w.delivered)):
             assert key_of(cid, i, history[i]) in self.hook.store, f"message {i} lost"
+        assert w.pending == max(0, w.start - max(w.delivered, len(w.pinned)))
+        recs = [plain(m) for m in w.messages]
+        assert within_bound(self.policy, recs), f"window of {len(recs)} over the bound"
         self._check_groups(history, w.start, len(w.pinned))
         self.loaded[cid] = len(history)
         if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
@@ -274,6 +286,15 @@ class EngineMachine(RuleBasedStateMachine):
     def switch_hook(self, fail: bool) -> None:
         self.hook.fail = fail
 
+    @rule(cid=st.sampled_from(CIDS), use_async=st.booleans())
+    def recover(self, cid: str, use_async: bool) -> None:
+        """The hook comes back: the next load delivers everything pending."""
+        self.hook.fail = False
+        self.load(cid, use_async)
+        state = self.demoter.state_of(cid)
+        if self.synced[cid] and state.window_start > state.pinned:
+            assert state.delivered == state.window_start, f"still pending: {state}"
+
     @precondition(lambda self: self.restarts < 3)
     @rule()
     def restart(self) -> None:
@@ -295,7 +316,7 @@ class EngineMachine(RuleBasedStateMachine):
                 continue  # the next load re-syncs a rewritten history
             history = self.histories[cid]
             assert state.window_start <= max(len(history), state.pinned)
-            for i in range(state.pinned, min(state.window_start, len(history))):
+            for i in range(state.pinned, min(state.delivered, len(history))):
                 assert key_of(cid, i, history[i]) in self.hook.store, f"{cid}[{i}] lost"
 
     @invariant()

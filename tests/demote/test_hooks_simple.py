@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from demote import (
+    Backoff,
     CallbackHook,
     ConfigError,
     DemotedMessage,
@@ -36,16 +37,21 @@ def chat(n: int) -> list[Msg]:
 def test_callback_sync_fn_from_sync_and_async_loads() -> None:
     got: list[tuple[int, threading.Thread]] = []
     hook = CallbackHook(lambda b: got.append((len(b), threading.current_thread())))
-    d = Demoter(SlidingWindow.last_messages(2), hook)
+    inline = Demoter(SlidingWindow.last_messages(2), hook, hook_timeout=None)
+    inline.load("a", chat(6), describer(inline))
+    assert got == [(4, threading.current_thread())], "no timeout: called in the caller's thread"
+    got.clear()
+    d = Demoter(SlidingWindow.last_messages(2), hook)  # a timeout: on an engine thread
     d.load("a", chat(6), describer(d))
-    assert got == [(4, threading.current_thread())]
+    assert got[0][0] == 4 and got[0][1].name == "demote-hook"
+    got.clear()
 
     async def main() -> None:
         await d.aload("b", chat(6), describer(d))
 
     asyncio.run(main())
-    assert len(got) == 2 and got[1][0] == 4
-    assert got[1][1] is not threading.current_thread(), "a sync fn runs off the loop"
+    assert len(got) == 1 and got[0][0] == 4
+    assert got[0][1].name == "demote-hook", "a sync fn runs off the loop, on an engine thread"
 
 
 def test_callback_async_fn_from_sync_and_async_loads() -> None:
@@ -154,9 +160,12 @@ def test_fan_out_failure_stops_and_propagates() -> None:
 def test_fan_out_failure_keeps_the_watermark_through_the_engine() -> None:
     log: list[str] = []
     failing = Rec("b", log, fail=True)
-    d = Demoter(SlidingWindow.last_messages(2), FanOutHook(Rec("a", log), failing))
+    d = Demoter(
+        SlidingWindow.last_messages(2), FanOutHook(Rec("a", log), failing), retry=Backoff(0, 0)
+    )
     msgs = chat(6)
-    assert d.load("c", msgs, describer(d)).start == 0
+    w = d.load("c", msgs, describer(d))
+    assert (w.start, w.pending, w.delivered) == (4, 4, 0)
     failing.fail = False
     assert d.load("c", msgs, describer(d)).demoted == 4
     assert log == ["a", "b", "a", "b"], "the hooks before the failure see the batch again"

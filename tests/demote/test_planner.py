@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from demote.planner import Plan, needed_from, plan, turn_groups
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord
-from tests.strategies import Msg, advance, conversations, policies, record_of
+from tests.strategies import Msg, advance, conversations, policies, record_of, sizes
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -75,18 +75,6 @@ def replays(draw: st.DrawFn, policy: st.SearchStrategy[SlidingWindow] | None = N
         cuts = sorted(draw(st.sets(st.integers(1, n), max_size=n)) | {n})
     fails = draw(st.lists(st.booleans(), max_size=4))
     return replay(pol, msgs, cuts, fails)
-
-
-def sizes(policy: SlidingWindow, recs: Sequence[MessageRecord]) -> tuple[int, int]:
-    """(size in the policy's unit, number of turn groups) of a window, counted afresh."""
-    if not recs:
-        return 0, 0
-    groups = len(turn_groups(recs))
-    if policy.unit == "turns":
-        return groups, groups
-    if policy.unit == "messages":
-        return len(recs), groups
-    return sum(r.tokens for r in recs), groups
 
 
 def check_window_shape(policy: SlidingWindow, view: Sequence[MessageRecord], p: Plan) -> None:

@@ -15,6 +15,7 @@ from langchain_core.runnables import ConfigurableFieldSpec
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from demote import (
+    Backoff,
     CapturedTurn,
     ConfigError,
     ConversationIdError,
@@ -106,7 +107,7 @@ async def test_async_path_awaits_inner_and_engine() -> None:
     assert len(await history.aget_all_messages()) == 8
     await history.aclear()
     assert await history.aget_messages() == []
-    assert demoter.state_of("async") == ConversationState()
+    assert demoter.state_of("async") == ConversationState(generation=1)  # a tombstone
 
 
 def test_window_pins_system_and_clear_resets() -> None:
@@ -123,7 +124,7 @@ def test_window_pins_system_and_clear_resets() -> None:
     ]
     history.clear()
     assert history.messages == [] and history.all_messages == []
-    assert demoter.state_of("c") == ConversationState()
+    assert demoter.state_of("c") == ConversationState(generation=1)  # a tombstone
 
 
 def test_capture_gets_each_user_message_with_the_demotion_key() -> None:
@@ -229,7 +230,8 @@ def test_window_does_not_change_between_the_two_reads_of_a_turn(
 ) -> None:
     """List input: the end-of-turn read must slice like the first, even if a retry lands."""
     hook = FlakyHook()
-    demoter = Demoter(SlidingWindow.last_messages(2), hook)  # on_hook_error="log"
+    # on_hook_error="log"; retried on the next load
+    demoter = Demoter(SlidingWindow.last_messages(2), hook, retry=Backoff(0, 0))
     store = InMemoryChatMessageHistory()
 
     def get_session_history(session_id: str) -> BaseChatMessageHistory:

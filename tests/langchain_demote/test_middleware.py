@@ -35,7 +35,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from pydantic import Field
 
-from demote import Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
+from demote import Backoff, Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
 from demote.errors import ConfigError, ConversationIdError
 from demote.hooks.archive import SQLiteArchive
 from demote.records import Demotion, Recalled, make_key
@@ -329,7 +329,9 @@ class Run:
             )
         self.model = ScriptedModel()
         self.checked = 0
-        self.demoter = Demoter(self.policy, self.hook or self.recorder, state=state)
+        self.demoter = Demoter(
+            self.policy, self.hook or self.recorder, state=state, retry=Backoff(0, 0)
+        )
         middleware = DemotingMiddleware(
             demoter=self.demoter,
             recall=self.recall,

@@ -1,0 +1,228 @@
+"""The engine's per-conversation caches: described records, and keys already delivered.
+
+A *view* keeps the records of one conversation's recent messages by message identity, so a
+load that appended one message describes one message, and hands the planner its group
+index back. It also remembers fingerprints of the newest messages that left it, which is
+how a stale, shorter copy of the history (read by a slow request before a newer one
+appended) is recognised. Views are bounded: the least recently loaded conversations go
+first, and a conversation without one is described again, which costs time, not
+correctness.
+
+*Sent* records remember, per conversation, which (position, fingerprint) pairs this
+process delivered, so a re-synced history (a rewrite, a fork from an earlier checkpoint)
+does not hand a hook without ``has_keys`` the messages it already received.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from demote._groups import GroupIndex
+from demote.planner import plan
+from demote.policy import SlidingWindow
+from demote.records import ConversationState, MessageRecord
+
+__all__ = ["SENT_KEPT", "View", "ViewCache"]
+
+T = TypeVar("T")
+
+# How many fingerprints of messages that left the window a conversation's view remembers.
+_LEFT_KEPT = 64
+
+#: How many delivered positions per conversation a process remembers (newest kept).
+SENT_KEPT = 1024
+
+
+@dataclass(slots=True)
+class View:
+    """Records of one conversation's recent messages, cached by message identity.
+
+    ``raws[i]`` is the message at absolute index ``base + i`` and ``records[i]`` its
+    record; ``left[i]`` is the fingerprint of the message at ``left_base + i``, one of the
+    newest that moved out of the view. ``index`` is the planner's group index over (a
+    suffix of) those records, set once by the load that made the view; it is only handed
+    back to the planner while the messages it covers are the same objects.
+    """
+
+    base: int
+    raws: list[Any]
+    records: list[MessageRecord]
+    index: GroupIndex | None = None
+    left_base: int = 0
+    left: tuple[str, ...] = ()
+
+
+def _short(fp: str) -> int:
+    return int(fp[:16], 16)
+
+
+class ViewCache:
+    """Bounded per-conversation views and sent records (least recently loaded go first)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._views: OrderedDict[str, View] = OrderedDict()
+        self._sent: OrderedDict[str, dict[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __contains__(self, conversation_id: object) -> bool:
+        return conversation_id in self._views
+
+    def get(self, conversation_id: str) -> View | None:
+        """The conversation's view, if cached."""
+        return self._views.get(conversation_id)
+
+    def drop(self, conversation_id: str, view: View | None = None) -> None:
+        """Forget the view (only if it is still ``view``, when given)."""
+        with self._lock:
+            if view is None or self._views.get(conversation_id) is view:
+                self._views.pop(conversation_id, None)
+
+    def forget(self, conversation_id: str) -> None:
+        """Forget the view and the sent record."""
+        with self._lock:
+            self._views.pop(conversation_id, None)
+            self._sent.pop(conversation_id, None)
+
+    def clear(self) -> None:
+        """Forget every view (the records; what was sent is kept)."""
+        with self._lock:
+            self._views.clear()
+
+    # -- sent records --------------------------------------------------------------------
+
+    def mark_sent(self, conversation_id: str, items: Sequence[tuple[int, str]]) -> None:
+        """Remember that (position, fingerprint) pairs were delivered in this process."""
+        with self._lock:
+            sent = self._sent.get(conversation_id)
+            if sent is None:
+                sent = self._sent[conversation_id] = {}
+            self._sent.move_to_end(conversation_id)
+            for index, fp in items:
+                sent.pop(index, None)
+                sent[index] = _short(fp)
+            while len(sent) > SENT_KEPT:
+                del sent[next(iter(sent))]
+            while len(self._sent) > self.size:
+                self._sent.popitem(last=False)
+
+    def was_sent(self, conversation_id: str, index: int, fp: str) -> bool:
+        """Did this process deliver this message at this position?"""
+        sent = self._sent.get(conversation_id)
+        return sent is not None and sent.get(index) == _short(fp)
+
+    # -- views ---------------------------------------------------------------------------
+
+    def records(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        lo: int,
+        describe: Callable[[T], MessageRecord],
+    ) -> View:
+        """A new view of ``messages[lo:]``, reusing the cached records of the same objects.
+
+        The common case, the cached messages from ``lo`` on are the same objects and
+        messages were appended, is checked in one C-level pass and describes only the
+        appended messages; it also keeps the cached group index. Anything else (a message
+        replaced, the history shorter, ``lo`` before the cache) reuses records one by one
+        and drops the index.
+        """
+        lo = min(lo, len(messages))
+        # A list's slice is a fresh list; anything else is copied so the cache owns it.
+        raws = messages[lo:] if type(messages) is list else list(messages[lo:])
+        view = self._views.get(conversation_id)
+        index = None
+        if view is None:
+            records = [describe(m) for m in raws]
+        else:
+            vb, vraws, vrecs = view.base, view.raws, view.records
+            skip = lo - vb
+            kept = len(vraws) - skip  # cached messages from lo on
+            if (
+                skip >= 0
+                and 0 <= kept <= len(raws)
+                and all(map(operator.is_, raws, itertools.islice(vraws, skip, None)))
+            ):
+                records = vrecs[skip:]
+                if kept < len(raws):
+                    records.extend(map(describe, raws[kept:]))
+                index = view.index
+            else:
+                vn = len(vraws)
+                records = []
+                for i, m in enumerate(raws, lo):
+                    j = i - vb
+                    records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
+        left_base, left = (0, ()) if view is None else (view.left_base, view.left)
+        if view is not None and 0 < lo - view.base <= len(view.records):
+            left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
+            left = left[-_LEFT_KEPT:]
+            left_base = lo - len(left)
+        view = View(lo, raws, records, index, left_base, left)
+        with self._lock:
+            views = self._views
+            views[conversation_id] = view
+            views.move_to_end(conversation_id)
+            if len(views) > self.size:
+                views.popitem(last=False)
+        return view
+
+    def is_stale(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        state: ConversationState,
+    ) -> bool:
+        """Is ``messages`` an older copy of the history (its last message is one we saw)?
+
+        Only a copy shorter than the window start or than the history the view last saw
+        can be one; the common load, as long as both, costs two comparisons.
+        """
+        n = len(messages)
+        view = self._views.get(conversation_id)
+        if n >= state.window_start and (view is None or n >= view.base + len(view.records)):
+            return False
+        if n == 0:
+            return True
+        if view is None:
+            return False
+        i, fp = n - 1, describe(messages[n - 1]).fingerprint
+        if view.base <= i < view.base + len(view.records):
+            return view.records[i - view.base].fingerprint == fp
+        j = i - view.left_base
+        return 0 <= j < len(view.left) and view.left[j] == fp
+
+
+def snapshot_bounds(
+    policy: SlidingWindow,
+    messages: Sequence[T],
+    describe: Callable[[T], MessageRecord],
+    state: ConversationState,
+) -> tuple[int, int, str | None]:
+    """Pinned count, window start and summary for a stale copy (nothing is committed).
+
+    A copy shorter than the window start is planned on its own (what its cut leaves out
+    was demoted); a longer one gets the committed window, ending where it ends.
+    """
+    n = len(messages)
+    if n < state.window_start:
+        p = plan(policy, ConversationState(), [describe(m) for m in messages])
+        return p.pinned, p.window_start, state.summary if state.summarized <= n else None
+    if state.window_start > state.pinned:
+        return state.pinned, state.window_start, state.summary
+    pinned = 0  # nothing demoted yet: the window starts after the pinned prefix as it is
+    if policy.pin_system:
+        while pinned < n and describe(messages[pinned]).role == "system":
+            pinned += 1
+    return pinned, pinned, state.summary
