@@ -42,36 +42,31 @@ a tombstone one generation on, so a delivery begun before it commits nothing aft
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, TypeVar
 
 from demote._closing import Closing
-from demote._flow import Deliver, Flow, HasKeys, Sleep, Spawn, Summarize, drive_async, drive_sync
-from demote._flow import store_call as _op
+from demote._compaction import CompactionMixin
+from demote._delivery import FRESH, Hold, Tally, Work
+from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds
 from demote.errors import ConfigError, HookError
+from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
 from demote.policy import Compact, SlidingWindow
-from demote.records import (
-    ConversationState,
-    DemotedMessage,
-    Demotion,
-    MessageRecord,
-    fingerprint,
-    make_key,
-)
+from demote.records import ConversationState, MessageRecord, fingerprint
 from demote.retry import Backoff, RetryTracker
-from demote.state.base import Lease, StateStore, validate_conversation_id
+from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
 from demote.tokens import TokenCache
@@ -89,14 +84,7 @@ def render_summary(summary: str) -> str:
 
 logger = logging.getLogger("demote")
 
-# A finished summary waits this long, at most, for a delivery in flight to end.
-_GATE_POLLS = 200
-_GATE_POLL_SECONDS = 0.02
-
 T = TypeVar("T")
-
-_FRESH = ConversationState()
-_STATE_FIELDS = tuple(f.name for f in fields(ConversationState) if f.init)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +102,7 @@ class Window(Generic[T]):
         pending: Messages that left the window but the hook has not accepted yet (they
             are retried with backoff; the inner store still has them).
         delivered: The hook's watermark: messages before it were accepted.
+        events: What this load did (demoted, delivered, failed, re-synced), oldest first.
     """
 
     conversation_id: str
@@ -125,41 +114,13 @@ class Window(Generic[T]):
     demoted: int = 0
     pending: int = 0
     delivered: int = 0
+    events: tuple[DemoteEvent, ...] = ()
 
     def __len__(self) -> int:
         return len(self.pinned) + len(self.messages)
 
 
-@dataclass(slots=True)
-class _Work:
-    """One plan of one history against one committed state, and the state to commit."""
-
-    messages: Sequence[Any]
-    stored: ConversationState | None  # the committed state planned against
-    plan: Plan
-    view: View
-    target: ConversationState  # window moved; ``delivered`` as committed
-    resynced: bool
-    known: bool  # the hook may hold some of these messages already (re-sync, clear)
-
-    @property
-    def changed(self) -> bool:
-        return self.target != (self.stored or _FRESH)
-
-
-@dataclass(slots=True, eq=False)
-class _Hold:
-    """A conversation's in-process gate, and its store lease once taken."""
-
-    conversation_id: str
-    holder: str
-    lease: Lease | None = None
-    released: bool = False  # the lease was given back (or committed with release)
-    orphan: Future[Any] | None = None  # a hook call that outlived its wait
-    batch: tuple[int, int, int] | None = None  # (lo, hi, generation) being delivered
-
-
-class Demoter(Closing):
+class Demoter(CompactionMixin, Closing):
     """Keeps each conversation's active window and demotes what falls out, once.
 
     One Demoter serves any number of conversations; share it across adapters.
@@ -246,10 +207,12 @@ class Demoter(Closing):
         self._retry = RetryTracker(retry or Backoff())
         self._runner = HookRunner(count("hook_threads", hook_threads))
         self._keeper = LeaseKeeper(store, self.lease_ttl)
+        self._observers = Observers()
+        self._tally = Tally()
         self._background: set[Any] = set()
         self._background_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._gates: dict[str, _Hold] = {}
+        self._gates: dict[str, Hold] = {}
         self._compacting: dict[str, object] = {}
         self._instance = uuid.uuid4().hex[:12]
         self._holders = itertools.count(1)
@@ -291,6 +254,9 @@ class Demoter(Closing):
         describe: Callable[[T], MessageRecord],
     ) -> Flow[Window[T]]:
         cid = validate_conversation_id(conversation_id)
+        tally = self._tally
+        with tally.lock:
+            tally.loads += 1
         stored = yield from self._store("get", cid)
         work = self._prepare(cid, messages, describe, stored)
         if isinstance(work, Window):
@@ -298,6 +264,9 @@ class Demoter(Closing):
         window, done = yield from self._run(cid, describe, stored, work)
         if done is not None and done.plan.compact is not None and self.summarizer is not None:
             yield from self._maybe_compact(cid, done)
+        tally.note_pending(cid, window.pending)
+        if window.events:
+            self._observers.publish(window.events)
         return window
 
     def _run(
@@ -305,8 +274,8 @@ class Demoter(Closing):
         cid: str,
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
-        work: _Work,
-    ) -> Flow[tuple[Window[T], _Work | None]]:
+        work: Work,
+    ) -> Flow[tuple[Window[T], Work | None]]:
         """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
         if not (work.changed or self._deliverable(cid, work)):
             return self._window(cid, work), work
@@ -337,17 +306,37 @@ class Demoter(Closing):
             if isinstance(error, HookError):
                 raise error
             raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
-        if self._noop and committed is not None:  # it took what left the window at once
-            prev = work.stored or _FRESH
-            before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
-            demoted = max(0, committed.delivered - before)
+        if committed is not None:
+            self._committed(cid, work, committed)
+            if self._noop:  # it took what left the window at once
+                prev = work.stored or FRESH
+                before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
+                demoted = max(0, committed.delivered - before)
         return self._window(cid, work, committed, demoted), work
 
-    def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
-        """Call the state store: directly if it never blocks, else as a yielded op."""
-        if self._direct:
-            return getattr(self.state, name)(*args, **kwargs)
-        return (yield _op(self.state, name, *args, **kwargs))
+    def _committed(self, cid: str, work: Work, committed: ConversationState) -> None:
+        """Events for a committed window move (and a committed re-sync)."""
+        prev = work.stored or FRESH
+        if work.resynced:
+            with self._tally.lock:
+                self._tally.resyncs += 1
+            work.events.insert(
+                0,
+                DemoteEvent(
+                    "resynced", cid, prev.window_start, len(work.messages), len(work.messages)
+                ),
+            )
+            prev = FRESH
+        old = prev.window_start if prev.window_start > prev.pinned else work.plan.pinned
+        new = committed.window_start
+        if new > old:
+            records, base = work.view.records, work.view.base
+            after = sum(r.tokens for r in records[new - base :])
+            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
+            at = 1 if work.resynced else 0
+            work.events.insert(
+                at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
+            )
 
     def _prepare(
         self,
@@ -355,9 +344,9 @@ class Demoter(Closing):
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
-    ) -> _Work | Window[T]:
+    ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
-        state = stored or _FRESH
+        state = stored or FRESH
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it, change nothing.
@@ -392,7 +381,7 @@ class Demoter(Closing):
                 cid,
             )
         known = resynced or state.generation > 0
-        return _Work(messages, stored, p, view, target, resynced, known)
+        return Work(messages, stored, p, view, target, resynced, known)
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window applied (``delivered`` moves only for Noop)."""
@@ -413,305 +402,30 @@ class Demoter(Closing):
             state, window_start=start, delivered=delivered, pinned=p.pinned, anchor=anchor
         )
 
-    def _deliverable(self, cid: str, work: _Work) -> bool:
-        """Are messages pending, and may the hook be called for them now?"""
-        target = work.target
-        return target.delivered < target.window_start and self._retry.ready(cid)
-
-    def _settle(
-        self, hold: _Hold, work: _Work
-    ) -> Flow[tuple[ConversationState | None, int, Exception | None]]:
-        """With the gate (and lease) held: deliver what is pending, then commit.
-
-        Returns the committed state (``None`` if the commit was refused), how many
-        messages the hook accepted, and the hook's error, if any.
-        """
-        cid = hold.conversation_id
-        target, stored = work.target, work.stored
-        delivered, end = target.delivered, target.window_start
-        demoted = 0
-        error: Exception | None = None
-        if delivered < end and self._deliverable(cid, work):
-            while delivered < end:
-                hi = min(end, delivered + self.max_batch)
-                batch = yield from self._batch(hold, work, delivered, hi)
-                if batch.messages:
-                    hold.batch = (delivered, hi, target.generation)
-                    try:
-                        yield Deliver(
-                            self.hook, batch, self.hook_timeout, self._runner, self._adopter(hold)
-                        )
-                    except Exception as exc:
-                        error = exc
-                        break
-                    demoted += len(batch.messages)
-                    self._sent(work, batch)
-                delivered = hi
-                if delivered < end:  # a backlog: make each batch's progress durable
-                    step = replace(target, delivered=delivered)
-                    if not (yield from self._commit(hold, stored, step, release=False)):
-                        return None, demoted, None
-                    stored = step
-            if error is None:
-                self._retry.succeeded(cid)
-            else:
-                self._hook_failed(cid, batch, error)
-        final = target if delivered == target.delivered else replace(target, delivered=delivered)
-        if final == (stored or _FRESH):
-            yield from self._release(hold)
-            return stored or _FRESH, demoted, error
-        ok = yield from self._commit(hold, stored, final, release=True)
-        return (final if ok else None), demoted, error
-
-    def _batch(self, hold: _Hold, work: _Work, lo: int, hi: int) -> Flow[Demotion]:
-        """The messages ``[lo, hi)`` as one batch, less what the hook already holds."""
-        cid = hold.conversation_id
-        records, base, messages = work.view.records, work.view.base, work.messages
-        out = []
-        for i in range(lo, hi):
-            rec = records[i - base]
-            key = make_key(cid, i, rec.fingerprint)
-            out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
-        if work.known and out:
-            # After a re-sync or a clear the watermark restarted: what the hook (or, for a
-            # hook that cannot tell, this process) already holds is not offered again.
-            if self._probe:
-                held = yield HasKeys(self.hook, cid, [m.key for m in out])
-                out = [m for m in out if m.key not in held]
-            else:
-                was = self._views.was_sent
-                out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]
-        fence = hold.lease.token if hold.lease is not None else None
-        return Demotion(cid, tuple(out), fence)
-
-    def _sent(self, work: _Work, batch: Demotion) -> None:
-        if not self._probe:  # a key-aware hook answers for itself
-            records, base = work.view.records, work.view.base
-            self._views.mark_sent(
-                batch.conversation_id,
-                [(m.index, records[m.index - base].fingerprint) for m in batch.messages],
-            )
-
-    def _commit(
-        self,
-        hold: _Hold,
-        stored: ConversationState | None,
-        new: ConversationState,
-        *,
-        release: bool,
-    ) -> Flow[bool]:
-        """Compare-and-set ``new``, fenced by the hold's lease (released if asked)."""
-        lease = hold.lease
-        kwargs: dict[str, Any] = {}
-        if lease is not None:
-            release = release and hold.orphan is None  # a running call keeps it
-            kwargs = {"lease": lease, "release": release}
-        ok = yield from self._store("compare_and_set", hold.conversation_id, stored, new, **kwargs)
-        if lease is not None and kwargs["release"]:
-            hold.released = True
-            self._keeper.drop(lease)
-        if not ok:
-            logger.info(
-                "demote: commit for conversation %r refused (advanced or cleared elsewhere, "
-                "or the lease was lost); keeping theirs",
-                hold.conversation_id,
-            )
-        return bool(ok)
-
-    def _release(self, hold: _Hold) -> Flow[None]:
-        """Give the lease back now (unless a running hook call still needs it)."""
-        lease = hold.lease
-        if lease is None or hold.released or hold.orphan is not None:
-            return
-        hold.released = True
-        self._keeper.drop(lease)
-        try:
-            yield from self._store("release_lease", lease)
-        except Exception as exc:  # it expires on its own
-            logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
-
-    def _hook_failed(self, cid: str, batch: Demotion, exc: Exception) -> None:
-        wait = self._retry.failed(cid)
-        logger.warning(
-            "demote: hook failed for conversation %r (%d messages pending, next attempt in "
-            "%.3g s): %r",
-            cid,
-            len(batch.messages),
-            wait,
-            exc,
-        )
-
-    # -- the gate, and hook calls that outlive their wait --------------------------------------
-
-    def _take(self, cid: str) -> _Hold | None:
-        """The conversation's in-process gate, if free (never waits)."""
-        with self._lock:
-            if cid in self._gates:
-                return None
-            hold = self._gates[cid] = _Hold(cid, f"{self._instance}:{next(self._holders)}")
-            return hold
-
-    def _let_go(self, hold: _Hold) -> None:
-        """Free the gate when a flow ends; a lease still held is released in the background."""
-        if hold.orphan is not None:
-            return  # the running call lets go when it ends
-        lease = hold.lease
-        if lease is not None and not hold.released:  # the flow failed or was cancelled
-            hold.released = True
-            if self._direct:  # no I/O: give it back now
-                self._keeper.drop(lease)
-                self.state.release_lease(lease)  # type: ignore[attr-defined]
-            else:  # a cancelled flow cannot wait for a round trip
-                self._keeper.release_later(lease)
-        with self._lock:
-            if self._gates.get(hold.conversation_id) is hold:
-                del self._gates[hold.conversation_id]
-
-    def _adopter(self, hold: _Hold) -> Callable[[Future[Any]], None]:
-        def adopt(future: Future[Any]) -> None:
-            hold.orphan = future
-            future.add_done_callback(lambda f: self._orphan_done(hold, f))
-
-        return adopt
-
-    def _orphan_done(self, hold: _Hold, future: Future[Any]) -> None:
-        """A hook call that outlived its wait ended: count a late success, let go.
-
-        Runs on the hook's thread. The watermark moves only if it still stands where the
-        call began (same generation, nothing delivered since).
-        """
-        cid, lease = hold.conversation_id, hold.lease
-        try:
-            if hold.batch is not None and not future.cancelled() and future.exception() is None:
-                lo, hi, generation = hold.batch
-                current = self.state.get(cid)
-                if (
-                    current is not None
-                    and current.generation == generation
-                    and current.delivered == lo
-                    and current.window_start >= hi
-                ):
-                    kwargs: dict[str, Any] = {} if lease is None else {"lease": lease}
-                    late = replace(current, delivered=hi)
-                    if self.state.compare_and_set(cid, current, late, **kwargs):
-                        self._retry.succeeded(cid)
-        except Exception as exc:
-            logger.warning("demote: recording a late delivery for %r failed: %r", cid, exc)
-        finally:
-            if lease is not None and not hold.released:
-                hold.released = True
-                self._keeper.release_later(lease)
-            with self._lock:
-                if self._gates.get(cid) is hold:
-                    del self._gates[cid]
-
-    def _unconfirmed(self, cid: str, work: _Work) -> None:
+    def _unconfirmed(self, cid: str, work: Work) -> None:
         if work.resynced:
             # The view holds a history the committed state does not describe: a later
             # load of it must not pass for a stale copy (whose window hides messages).
             self._views.drop(cid, work.view)
-
-    # -- compaction -------------------------------------------------------------------------
-
-    def _maybe_compact(self, cid: str, work: _Work) -> Flow[None]:
-        """Start a summary of the groups the plan marked, unless one is being written."""
-        token = object()
-        with self._lock:
-            if cid in self._compacting:
-                return
-            self._compacting[cid] = token
-        try:
-            yield Spawn(self._compact(cid, token, work), self._background, self._background_lock)
-        except BaseException:
-            with self._lock:
-                if self._compacting.get(cid) is token:
-                    del self._compacting[cid]
-            raise
-
-    def _compact(self, cid: str, token: object, work: _Work) -> Flow[None]:
-        """Background job: summarize the marked groups, then commit and deliver them.
-
-        Summarizing holds only the conversation's compaction slot (one summary at a time),
-        so loads keep delivering meanwhile and the bulk fallback stays possible. Committing
-        takes the gate and lease like a load does; if the state moved on while the summary
-        was written, the summary is discarded and a later load starts another.
-        """
-        assert work.plan.compact is not None
-        lo, hi = work.plan.compact
-        base_state = work.target
-        records, base = work.view.records, work.view.base
-        hold: _Hold | None = None
-        try:
-            try:
-                summary = yield Summarize(
-                    self.summarizer, base_state.summary, records[lo - base : hi - base]
-                )
-            except Exception as exc:
-                logger.warning(
-                    "demote: summarizer failed for conversation %r (retried on a later load): %r",
-                    cid,
-                    exc,
-                )
-                return
-            for _ in range(_GATE_POLLS):
-                hold = self._take(cid)
-                if hold is not None and self._leasing:
-                    lease = yield from self._store(
-                        "acquire_lease", cid, hold.holder, self.lease_ttl
-                    )
-                    if lease is None:
-                        self._let_go(hold)
-                        hold = None
-                    else:
-                        hold.lease = lease
-                        self._keeper.hold(lease)
-                if hold is not None:
-                    break
-                yield Sleep(_GATE_POLL_SECONDS)
-            if hold is None:
-                logger.info("demote: summary for %r discarded (conversation busy)", cid)
-                return
-            if hold.lease is not None:
-                current = hold.lease.state
-            else:
-                current = yield from self._store("get", cid)
-            now = current or _FRESH
-            same = ("generation", "window_start", "summarized", "pinned", "anchor")
-            if any(getattr(now, f) != getattr(base_state, f) for f in same):
-                logger.info("demote: summary for %r discarded (the state moved on)", cid)
-                yield from self._release(hold)
-                return
-            compacted = replace(
-                now,
-                summary=summary,
-                summarized=hi,
-                window_start=hi,
-                anchor=records[hi - 1 - base].fingerprint,
-            )
-            job = replace(work, stored=current, target=compacted, resynced=False)
-            yield from self._settle(hold, job)
-        finally:
-            if hold is not None:
-                self._let_go(hold)
-            with self._lock:
-                if self._compacting.get(cid) is token:
-                    del self._compacting[cid]
 
     # -- windows ----------------------------------------------------------------------------
 
     def _window(
         self,
         cid: str,
-        work: _Work,
+        work: Work,
         state: ConversationState | None = None,
         demoted: int = 0,
     ) -> Window[Any]:
         """The window ``work`` planned, with the watermark of ``state`` (or the target)."""
         p, s = work.plan, state or work.target
         pending = max(0, p.window_start - max(s.delivered, p.pinned))
-        return self._slice(
+        window = self._slice(
             cid, work.messages, p.pinned, p.window_start, s.summary, demoted, pending, s.delivered
         )
+        if work.events:
+            window = replace(window, events=tuple(work.events))
+        return window
 
     @staticmethod
     def _slice(
@@ -785,8 +499,6 @@ class Demoter(Closing):
 
     async def adrain(self, timeout: float | None = None) -> bool:
         """Await background tasks started by async loads (and threads of sync loads)."""
-        import asyncio
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._background_lock:
@@ -813,6 +525,66 @@ class Demoter(Closing):
         """Async :meth:`state_of`."""
         cid = validate_conversation_id(conversation_id)
         return (await drive_async(self._store("get", cid))) or ConversationState()
+
+    # -- observability ---------------------------------------------------------------------
+
+    def observe(self, fn: Observer) -> Callable[[], None]:
+        """Call ``fn(event)`` for every :class:`~demote.events.DemoteEvent` from now on.
+
+        Observers run on one daemon thread of this Demoter's, in order: a load never waits
+        for them, and one that raises is logged, never raised. Returns a function that
+        unsubscribes ``fn``.
+        """
+        return self._observers.add(fn)
+
+    def emit(self, *events: DemoteEvent) -> None:
+        """Hand events made outside the engine (an adapter's recall) to the observers."""
+        self._observers.publish(events)
+
+    def stats(self) -> DemoterStats:
+        """What this Demoter did since it was made (counts of this process)."""
+        tally = self._tally
+        conversations = self.state.count()
+        with tally.lock:
+            error, at = tally.last_error or (None, None)
+            return DemoterStats(
+                conversations=conversations,
+                loads=tally.loads,
+                delivered=tally.delivered,
+                pending=sum(tally.pending.values()),
+                failures=tally.failures,
+                last_error=error,
+                last_error_at=at,
+                summaries=tally.summaries,
+                resyncs=tally.resyncs,
+            )
+
+    def conversation_stats(self, conversation_id: str) -> ConversationStats:
+        """One conversation's watermarks, pending messages and delivery health."""
+        cid = validate_conversation_id(conversation_id)
+        state = self.state.get(cid) or FRESH
+        return self._conversation_stats(cid, state)
+
+    async def aconversation_stats(self, conversation_id: str) -> ConversationStats:
+        """Async :meth:`conversation_stats` (the store is awaited)."""
+        cid = validate_conversation_id(conversation_id)
+        state = (await drive_async(self._store("get", cid))) or FRESH
+        return self._conversation_stats(cid, state)
+
+    def _conversation_stats(self, cid: str, state: ConversationState) -> ConversationStats:
+        pending = max(0, state.window_start - max(state.delivered, state.pinned))
+        error, at = self._tally.errors.get(cid) or (None, None)
+        return ConversationStats(
+            conversation_id=cid,
+            window_start=state.window_start,
+            delivered=state.delivered,
+            pending=pending,
+            summarized=state.summarized,
+            failures=self._retry.failures(cid),
+            retry_in=self._retry.wait(cid),
+            last_error=error,
+            last_error_at=at,
+        )
 
     def close(self) -> None:
         """Stop the engine's threads (hook calls still running finish on their own)."""

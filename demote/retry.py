@@ -69,6 +69,11 @@ class RetryTracker:
         due = self._due.get(conversation_id)
         return 0 if due is None else due[0]
 
+    def wait(self, conversation_id: str) -> float:
+        """Seconds until the next attempt may run (0: now)."""
+        due = self._due.get(conversation_id)
+        return 0.0 if due is None else max(0.0, due[1] - self._clock())
+
     def failed(self, conversation_id: str) -> float:
         """Record a failure; the seconds until the next attempt."""
         with self._lock:

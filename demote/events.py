@@ -1,0 +1,211 @@
+"""What the engine did, as small records: events, observers, and stats.
+
+Every load that moves the window, delivers a batch, fails to deliver, re-syncs a rewritten
+history, or commits a compaction produces one :class:`DemoteEvent` per thing it did. A
+load returns its own events with its window (:attr:`demote.Window.events`), so an adapter
+can report them inside the run that caused them (LangChain callbacks, LlamaIndex
+instrumentation); background work (a summary being written) reports only to observers.
+
+Observers subscribe with :meth:`demote.Demoter.observe`. They are called from one daemon
+thread of the Demoter's, in order, never on the request path: the engine never waits on
+them, and an observer that raises is logged, never raised. A load that does nothing
+produces no event and costs nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["ConversationStats", "DemoteEvent", "DemoterStats", "EventKind", "Observers"]
+
+logger = logging.getLogger("demote")
+
+EventKind = Literal[
+    "demoted",
+    "delivered",
+    "delivery_failed",
+    "resynced",
+    "compaction_started",
+    "compaction_committed",
+    "compaction_failed",
+    "recalled",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoteEvent:
+    """One thing the engine did to one conversation.
+
+    Attributes:
+        kind: ``demoted`` (messages left the window), ``delivered`` (the hook accepted a
+            batch), ``delivery_failed`` (it did not: the messages stay pending),
+            ``resynced`` (a rewritten history was planned afresh),
+            ``compaction_started`` / ``compaction_committed`` / ``compaction_failed``
+            (a running summary), ``recalled`` (an adapter read the long tail back).
+        conversation_id: The conversation.
+        start: First message index concerned (absolute).
+        end: One past the last index concerned.
+        count: How many messages (a batch skips what the hook already holds).
+        keys: Dedup keys of the messages (``delivered``, ``delivery_failed``, ``recalled``).
+        tokens_before: Tokens in the window before a cut (``demoted``).
+        tokens_after: Tokens in the window after it.
+        duration: Seconds the hook, summarizer or recall took.
+        error: The failure, as ``repr(exception)``.
+        retry_in: Seconds until the next delivery attempt (``delivery_failed``).
+        fence: The lease's fencing token the batch carried.
+        at: Wall-clock time (``time.time()``) the event was made.
+    """
+
+    kind: EventKind
+    conversation_id: str
+    start: int = 0
+    end: int = 0
+    count: int = 0
+    keys: tuple[str, ...] = ()
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    duration: float | None = None
+    error: str | None = None
+    retry_in: float | None = None
+    fence: int | None = None
+    at: float = field(default_factory=time.time, compare=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """The event as plain JSON-ready data (for callbacks, logs, traces)."""
+        return {
+            "kind": self.kind,
+            "conversation_id": self.conversation_id,
+            "start": self.start,
+            "end": self.end,
+            "count": self.count,
+            "keys": list(self.keys),
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "duration": self.duration,
+            "error": self.error,
+            "retry_in": self.retry_in,
+            "fence": self.fence,
+            "at": self.at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DemoterStats:
+    """What one Demoter did since it was made (this process only).
+
+    Attributes:
+        conversations: Conversations with demotion state in the store.
+        loads: Loads served.
+        delivered: Messages the hook accepted.
+        pending: Messages waiting for delivery, over the conversations this process saw
+            last with something pending.
+        failures: Deliveries that failed.
+        last_error: The last delivery failure, or ``None``.
+        last_error_at: When it happened (``time.time()``).
+        summaries: Compactions committed.
+        resyncs: Rewritten histories re-synced.
+    """
+
+    conversations: int
+    loads: int
+    delivered: int
+    pending: int
+    failures: int
+    last_error: str | None
+    last_error_at: float | None
+    summaries: int
+    resyncs: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationStats:
+    """One conversation's demotion state and health.
+
+    Attributes:
+        conversation_id: The conversation.
+        window_start: Index of the first message kept in the window.
+        delivered: The hook's watermark.
+        pending: Messages that left the window but were not delivered yet.
+        summarized: Messages covered by the running summary.
+        failures: Delivery failures in a row (0 when the last attempt succeeded).
+        retry_in: Seconds until the next delivery attempt may run (0: now).
+        last_error: The conversation's last delivery failure seen by this process.
+        last_error_at: When it happened.
+    """
+
+    conversation_id: str
+    window_start: int
+    delivered: int
+    pending: int
+    summarized: int
+    failures: int
+    retry_in: float
+    last_error: str | None
+    last_error_at: float | None
+
+
+Observer = Callable[[DemoteEvent], object]
+
+
+class Observers:
+    """Subscribers to a Demoter's events, called in order from one daemon thread."""
+
+    def __init__(self) -> None:
+        self._subscribers: tuple[Observer, ...] = ()
+        self._queue: queue.SimpleQueue[DemoteEvent | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def __bool__(self) -> bool:
+        return bool(self._subscribers)
+
+    def add(self, fn: Observer) -> Callable[[], None]:
+        """Subscribe ``fn``; returns a function that unsubscribes it."""
+        if not callable(fn):
+            from demote.errors import ConfigError
+
+            raise ConfigError(f"observer: {fn!r} is not callable")
+        with self._lock:
+            self._subscribers = (*self._subscribers, fn)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="demote-events", daemon=True)
+                self._thread.start()
+
+        def remove() -> None:
+            with self._lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not fn)
+
+        return remove
+
+    def publish(self, events: tuple[DemoteEvent, ...] | list[DemoteEvent]) -> None:
+        """Queue ``events`` for the subscribers (returns at once)."""
+        if self._subscribers and events:
+            self._idle.clear()
+            for event in events:
+                self._queue.put(event)
+            self._queue.put(None)  # a marker: idle once the thread reaches it
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every queued event was handed to the subscribers (for tests)."""
+        return self._idle.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                if self._queue.empty():
+                    self._idle.set()
+                continue
+            for fn in self._subscribers:
+                try:
+                    fn(event)
+                except Exception:
+                    logger.exception("demote: an event observer failed (ignored)")
