@@ -43,9 +43,7 @@ class InMemoryStateStore:
     def _holds(self, lease: Lease) -> bool:
         held = self._leases.get(lease.conversation_id)
         return (
-            held is not None
-            and held[:2] == (lease.holder, lease.token)
-            and held[2] > self._clock()
+            held is not None and held[:2] == (lease.holder, lease.token) and held[2] > self._clock()
         )
 
     def compare_and_set(
