@@ -105,6 +105,8 @@ class PostgresStateStore(Closing):
         min_size: Connections each pool keeps open.
         max_size: Connections each pool may open.
         keepalives_idle: Seconds of idleness before TCP keepalive probes start.
+        application_name: Shown in ``pg_stat_activity`` (name each worker to find its
+            sessions).
     """
 
     #: Its calls do network I/O: the engine awaits the async twins.
@@ -123,6 +125,7 @@ class PostgresStateStore(Closing):
         min_size: int = 1,
         max_size: int = 10,
         keepalives_idle: int = 30,
+        application_name: str = "demote",
     ) -> None:
         if not isinstance(table, str) or not _IDENT.fullmatch(table):
             raise ConfigError(f"table: {table!r} is not a plain lowercase identifier")
@@ -149,7 +152,7 @@ class PostgresStateStore(Closing):
             "keepalives_interval": 5,
             "keepalives_count": 3,
             "tcp_user_timeout": round(self.timeout * 1000),
-            "application_name": "demote",
+            "application_name": application_name,
         }
         setup = f"SET statement_timeout = {statement_ms}"
 
