@@ -11,6 +11,7 @@ One thread, ``selectors``; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import threading
@@ -99,14 +100,10 @@ class TcpProxy:
             if s is None:
                 continue
             self._peers.pop(s, None)
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self._sel.unregister(s)
-            except (KeyError, ValueError):
-                pass
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
     def cut(self) -> None:
@@ -123,10 +120,8 @@ class TcpProxy:
         with self._lock:
             self._blackholed = True
             for sock in self._peers:  # unread sockets would keep the selector spinning
-                try:
+                with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(sock)
-                except (KeyError, ValueError):
-                    pass
 
     def restore(self) -> None:
         """Forward again (connections black-holed meanwhile are cut)."""
