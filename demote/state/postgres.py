@@ -31,10 +31,8 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from demote._closing import Closing
 from demote.errors import ConfigError, MissingExtraError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
@@ -45,6 +43,7 @@ from demote.state._deadline import (
     thread_deadline,
 )
 from demote.state._loops import PerLoop
+from demote.state._ops import Op, OpStore
 from demote.state._pg_sql import SCHEMA_VERSION, Sql
 from demote.state.base import Lease
 
@@ -55,13 +54,9 @@ _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 Rows = list[tuple[Any, ...]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Op(Generic[T]):
-    """One statement, and how to read its rows."""
-
-    sql: str
-    params: dict[str, Any]
-    finish: Callable[[Rows], T]
+def _op(sql: str, params: dict[str, Any], finish: Callable[[Rows], T]) -> Op[T]:
+    """One statement and how to read its rows."""
+    return Op((sql, params), finish)
 
 
 def _positive(name: str, value: float) -> float:
@@ -86,7 +81,7 @@ class _Attempt:
     alarm: Deadline | None = None
 
 
-class PostgresStateStore(Closing):
+class PostgresStateStore(OpStore):
     """Conversation states and fenced leases in PostgreSQL.
 
     Args:
@@ -108,9 +103,6 @@ class PostgresStateStore(Closing):
         application_name: Shown in ``pg_stat_activity`` (name each worker to find its
             sessions).
     """
-
-    #: Its calls do network I/O: the engine awaits the async twins.
-    nonblocking = False
 
     def __init__(
         self,
@@ -239,7 +231,7 @@ class PostgresStateStore(Closing):
     def _left(self, deadline: float) -> float:
         return max(0.001, deadline - time.monotonic())
 
-    def _run(self, op: _Op[T]) -> T:
+    def _run(self, op: Op[T]) -> T:
         if self._closed:
             raise StoreError("postgres state store is closed")
         deadline, attempt = time.monotonic() + self.timeout, _Attempt()
@@ -251,14 +243,14 @@ class PostgresStateStore(Closing):
                         continue
                     with thread_deadline(conn.pgconn.socket, self._left(deadline)) as alarm:
                         attempt.alarm = alarm
-                        cur = conn.execute(op.sql, op.params)
+                        cur = conn.execute(*op.request)
                         rows = cur.fetchall() if cur.description else []
                         if not conn.autocommit:
                             conn.commit()
                 return op.finish(rows)
         raise StoreError(f"postgres: no live connection in {self._attempts} tries")
 
-    async def _arun(self, op: _Op[T]) -> T:
+    async def _arun(self, op: Op[T]) -> T:
         if self._closed:
             raise StoreError("postgres state store is closed")
         deadline, attempt = time.monotonic() + self.timeout, _Attempt()
@@ -271,7 +263,7 @@ class PostgresStateStore(Closing):
                         continue
                     with loop_deadline(conn.pgconn.socket, self._left(deadline)) as alarm:
                         attempt.alarm = alarm
-                        cur = await conn.execute(op.sql, op.params)
+                        cur = await conn.execute(*op.request)
                         rows = await cur.fetchall() if cur.description else []
                         if not conn.autocommit:
                             await conn.commit()
@@ -280,14 +272,14 @@ class PostgresStateStore(Closing):
 
     # The operations, described once; _run and _arun perform them.
 
-    def _get_op(self, conversation_id: str) -> _Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
         def finish(rows: Rows) -> ConversationState | None:
             return state_from_row(rows[0]) if rows else None
 
-        return _Op(self._sql.get, {"id": storable_id(conversation_id)}, finish)
+        return _op(self._sql.get, {"id": storable_id(conversation_id)}, finish)
 
-    def _count_op(self) -> _Op[int]:
-        return _Op(self._sql.count, {}, lambda rows: int(rows[0][0]))
+    def _count_op(self) -> Op[int]:
+        return _op(self._sql.count, {}, lambda rows: int(rows[0][0]))
 
     def _cas_op(
         self,
@@ -296,21 +288,21 @@ class PostgresStateStore(Closing):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> _Op[bool]:
+    ) -> Op[bool]:
         cid = storable_id(conversation_id)
         release = release and lease is not None
         sql = self._sql.cas(expected is not None, lease is not None, release)
         params = self._sql.cas_params(cid, expected, new, lease)
-        return _Op(sql, params, lambda rows: rows[0][0] == 1)
+        return _op(sql, params, lambda rows: rows[0][0] == 1)
 
-    def _clear_op(self, conversation_id: str) -> _Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
         params = self._sql.clear_params(storable_id(conversation_id))
-        return _Op(self._sql.clear, params, lambda rows: state_from_row(rows[0]))
+        return _op(self._sql.clear, params, lambda rows: state_from_row(rows[0]))
 
-    def _delete_op(self, conversation_id: str) -> _Op[None]:
-        return _Op(self._sql.delete, {"id": storable_id(conversation_id)}, lambda rows: None)
+    def _delete_op(self, conversation_id: str) -> Op[None]:
+        return _op(self._sql.delete, {"id": storable_id(conversation_id)}, lambda rows: None)
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> _Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
         cid = storable_id(conversation_id)
 
         def finish(rows: Rows) -> Lease | None:
@@ -321,104 +313,21 @@ class PostgresStateStore(Closing):
             return Lease(cid, holder, int(token), state)
 
         params = {"id": cid, "holder": holder, "ttl": check_ttl(ttl)}
-        return _Op(self._sql.acquire, params, finish)
+        return _op(self._sql.acquire, params, finish)
 
-    def _renew_op(self, lease: Lease, ttl: float) -> _Op[bool]:
+    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
         params = {
             "id": storable_id(lease.conversation_id),
             "holder": lease.holder,
             "token": lease.token,
             "ttl": check_ttl(ttl),
         }
-        return _Op(self._sql.renew, params, lambda rows: bool(rows))
+        return _op(self._sql.renew, params, lambda rows: bool(rows))
 
-    def _release_op(self, lease: Lease) -> _Op[None]:
+    def _release_op(self, lease: Lease) -> Op[None]:
         cid = storable_id(lease.conversation_id)
         params = {"id": cid, "holder": lease.holder, "token": lease.token}
-        return _Op(self._sql.release, params, lambda rows: None)
-
-    def get(self, conversation_id: str) -> ConversationState | None:
-        """The stored state, or ``None`` (one statement)."""
-        return self._run(self._get_op(conversation_id))
-
-    def compare_and_set(
-        self,
-        conversation_id: str,
-        expected: ConversationState | None,
-        new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Store ``new`` if the state equals ``expected`` and ``lease`` holds (one statement).
-
-        With ``release=True`` the lease is released by the same statement, stored or not.
-        """
-        return self._run(self._cas_op(conversation_id, expected, new, lease, release))
-
-    def clear(self, conversation_id: str) -> ConversationState:
-        """Leave a tombstone one generation on and revoke the lease (one statement)."""
-        return self._run(self._clear_op(conversation_id))
-
-    def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state and lease (one statement; the sequence stays)."""
-        self._run(self._delete_op(conversation_id))
-
-    def count(self) -> int:
-        """How many conversations have state."""
-        return self._run(self._count_op())
-
-    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Take the lease for ``ttl`` seconds if it is free (one statement: token and state)."""
-        return self._run(self._acquire_op(conversation_id, holder, ttl))
-
-    def renew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Extend ``lease`` to ``ttl`` seconds from now if it is still held (one statement)."""
-        return self._run(self._renew_op(lease, ttl))
-
-    def release_lease(self, lease: Lease) -> None:
-        """Give ``lease`` back if it is still held, by that holder and token."""
-        self._run(self._release_op(lease))
-
-    async def aget(self, conversation_id: str) -> ConversationState | None:
-        """Async :meth:`get`."""
-        return await self._arun(self._get_op(conversation_id))
-
-    async def acompare_and_set(
-        self,
-        conversation_id: str,
-        expected: ConversationState | None,
-        new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Async :meth:`compare_and_set`."""
-        return await self._arun(self._cas_op(conversation_id, expected, new, lease, release))
-
-    async def aclear(self, conversation_id: str) -> ConversationState:
-        """Async :meth:`clear`."""
-        return await self._arun(self._clear_op(conversation_id))
-
-    async def adelete(self, conversation_id: str) -> None:
-        """Async :meth:`delete`."""
-        await self._arun(self._delete_op(conversation_id))
-
-    async def acount(self) -> int:
-        """Async :meth:`count`."""
-        return await self._arun(self._count_op())
-
-    async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Async :meth:`acquire_lease`."""
-        return await self._arun(self._acquire_op(conversation_id, holder, ttl))
-
-    async def arenew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Async :meth:`renew_lease`."""
-        return await self._arun(self._renew_op(lease, ttl))
-
-    async def arelease_lease(self, lease: Lease) -> None:
-        """Async :meth:`release_lease`."""
-        await self._arun(self._release_op(lease))
+        return _op(self._sql.release, params, lambda rows: None)
 
     def close(self) -> None:
         """Close the pools this store made (idempotent); async ones on their loops."""

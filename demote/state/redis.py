@@ -24,16 +24,15 @@ a black-holed server fails the call after ``socket_timeout``. Every redis error 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from demote._closing import Closing
 from demote.errors import MissingExtraError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, decode_state, encode_state, storable_id
 from demote.state._loops import PerLoop
+from demote.state._ops import Op, OpStore
 from demote.state._worker import Worker
 from demote.state.base import Lease, tombstone
 
@@ -118,14 +117,9 @@ _TOMB_HEAD, _TOMB_TAIL = encode_state(tombstone(None)).split('"generation":1')
 _TOMB_HEAD += '"generation":'
 
 
-@dataclass(frozen=True, slots=True)
-class _Op(Generic[T]):
-    """One round trip: a command or script, and how to read its reply."""
-
-    name: str  # a key of _SCRIPTS, or a client command ("get", "scard")
-    keys: tuple[str, ...]
-    args: tuple[str | int, ...]
-    finish: Callable[[Any], T]
+def _op(name: str, keys: tuple[str, ...], args: tuple[str | int, ...], finish: Any) -> Op[Any]:
+    """A command (``get``, ``scard``) or script (a key of ``_SCRIPTS``) and its reading."""
+    return Op((name, keys, args), finish)
 
 
 def _lease_value(lease: Lease) -> str:
@@ -140,7 +134,7 @@ def _optional_state(raw: Any) -> ConversationState | None:
     return None if raw is None else decode_state(raw)
 
 
-class RedisStateStore(Closing):
+class RedisStateStore(OpStore):
     """Conversation states and fenced leases in Redis.
 
     Args:
@@ -234,12 +228,12 @@ class RedisStateStore(Closing):
 
     # The operations, described once; _run and _arun perform them.
 
-    def _get_op(self, conversation_id: str) -> _Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
         key = self._key("state", storable_id(conversation_id))
-        return _Op("get", (key,), (), _optional_state)
+        return _op("get", (key,), (), _optional_state)
 
-    def _count_op(self) -> _Op[int]:
-        return _Op("scard", (self._ids,), (), int)
+    def _count_op(self) -> Op[int]:
+        return _op("scard", (self._ids,), (), int)
 
     def _cas_op(
         self,
@@ -248,7 +242,7 @@ class RedisStateStore(Closing):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> _Op[bool]:
+    ) -> Op[bool]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
         args = (
@@ -258,19 +252,19 @@ class RedisStateStore(Closing):
             "" if lease is None else _lease_value(lease),
             "1" if release else "0",
         )
-        return _Op("cas", keys, args, lambda reply: reply == 1)
+        return _op("cas", keys, args, lambda reply: reply == 1)
 
-    def _clear_op(self, conversation_id: str) -> _Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
-        return _Op("clear", keys, (_TOMB_HEAD, _TOMB_TAIL, cid), decode_state)
+        return _op("clear", keys, (_TOMB_HEAD, _TOMB_TAIL, cid), decode_state)
 
-    def _delete_op(self, conversation_id: str) -> _Op[None]:
+    def _delete_op(self, conversation_id: str) -> Op[None]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
-        return _Op("delete", keys, (cid,), lambda reply: None)
+        return _op("delete", keys, (cid,), lambda reply: None)
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> _Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
         cid = storable_id(conversation_id)
         keys = (self._key("lease", cid), self._key("state", cid), self._fence)
 
@@ -280,120 +274,39 @@ class RedisStateStore(Closing):
             token, raw = reply
             return Lease(cid, holder, int(token), _optional_state(raw))
 
-        return _Op("acquire", keys, (holder, _ms(ttl)), finish)
+        return _op("acquire", keys, (holder, _ms(ttl)), finish)
 
-    def _renew_op(self, lease: Lease, ttl: float) -> _Op[bool]:
+    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
         key = self._key("lease", storable_id(lease.conversation_id))
-        return _Op("renew", (key,), (_lease_value(lease), _ms(ttl)), lambda r: r == 1)
+        return _op("renew", (key,), (_lease_value(lease), _ms(ttl)), lambda r: r == 1)
 
-    def _release_op(self, lease: Lease) -> _Op[None]:
+    def _release_op(self, lease: Lease) -> Op[None]:
         key = self._key("lease", storable_id(lease.conversation_id))
-        return _Op("release", (key,), (_lease_value(lease),), lambda reply: None)
+        return _op("release", (key,), (_lease_value(lease),), lambda reply: None)
 
-    def _run(self, op: _Op[T]) -> T:
+    def _run(self, op: Op[T]) -> T:
+        name, keys, args = op.request
         with self._translated():
-            script = self._scripts.get(op.name)
+            script = self._scripts.get(name)
             if script is not None:
-                reply = script(keys=list(op.keys), args=list(op.args))
+                reply = script(keys=list(keys), args=list(args))
             else:
-                reply = getattr(self._redis, op.name)(*op.keys, *op.args)
+                reply = getattr(self._redis, name)(*keys, *args)
         return op.finish(reply)
 
-    async def _arun(self, op: _Op[T]) -> T:
+    async def _arun(self, op: Op[T]) -> T:
         if self._async is None:
             assert self._worker is not None
             return await self._worker.run(self._run, op)
+        name, keys, args = op.request
         with self._translated():
             client, scripts = await self._async.get()
-            script = scripts.get(op.name)
+            script = scripts.get(name)
             if script is not None:
-                reply = await script(keys=list(op.keys), args=list(op.args))
+                reply = await script(keys=list(keys), args=list(args))
             else:
-                reply = await getattr(client, op.name)(*op.keys, *op.args)
+                reply = await getattr(client, name)(*keys, *args)
         return op.finish(reply)
-
-    def get(self, conversation_id: str) -> ConversationState | None:
-        """The stored state, or ``None`` (one ``GET``)."""
-        return self._run(self._get_op(conversation_id))
-
-    def compare_and_set(
-        self,
-        conversation_id: str,
-        expected: ConversationState | None,
-        new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Store ``new`` if the state equals ``expected`` and ``lease`` holds (one script).
-
-        With ``release=True`` the lease is released by the same script, stored or not.
-        """
-        return self._run(self._cas_op(conversation_id, expected, new, lease, release))
-
-    def clear(self, conversation_id: str) -> ConversationState:
-        """Leave a tombstone one generation on and revoke the lease (one script)."""
-        return self._run(self._clear_op(conversation_id))
-
-    def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state and lease (one script; the fence stays)."""
-        self._run(self._delete_op(conversation_id))
-
-    def count(self) -> int:
-        """How many conversations have state (one ``SCARD``)."""
-        return self._run(self._count_op())
-
-    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Take the lease for ``ttl`` seconds if it is free (one script: token and state)."""
-        return self._run(self._acquire_op(conversation_id, holder, ttl))
-
-    def renew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Extend ``lease`` to ``ttl`` seconds from now if it is still held (one script)."""
-        return self._run(self._renew_op(lease, ttl))
-
-    def release_lease(self, lease: Lease) -> None:
-        """Give ``lease`` back if it is still held, by that holder and token (one script)."""
-        self._run(self._release_op(lease))
-
-    async def aget(self, conversation_id: str) -> ConversationState | None:
-        """Async :meth:`get`."""
-        return await self._arun(self._get_op(conversation_id))
-
-    async def acompare_and_set(
-        self,
-        conversation_id: str,
-        expected: ConversationState | None,
-        new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Async :meth:`compare_and_set`."""
-        return await self._arun(self._cas_op(conversation_id, expected, new, lease, release))
-
-    async def aclear(self, conversation_id: str) -> ConversationState:
-        """Async :meth:`clear`."""
-        return await self._arun(self._clear_op(conversation_id))
-
-    async def adelete(self, conversation_id: str) -> None:
-        """Async :meth:`delete`."""
-        await self._arun(self._delete_op(conversation_id))
-
-    async def acount(self) -> int:
-        """Async :meth:`count`."""
-        return await self._arun(self._count_op())
-
-    async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Async :meth:`acquire_lease`."""
-        return await self._arun(self._acquire_op(conversation_id, holder, ttl))
-
-    async def arenew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Async :meth:`renew_lease`."""
-        return await self._arun(self._renew_op(lease, ttl))
-
-    async def arelease_lease(self, lease: Lease) -> None:
-        """Async :meth:`release_lease`."""
-        await self._arun(self._release_op(lease))
 
     def close(self) -> None:
         """Close the clients this store made (idempotent); async ones on their loops."""

@@ -26,15 +26,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple
+from typing import TypeVar
 
-from demote._closing import Closing
 from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
+from demote.state._ops import Op, OpStore
 from demote.state._worker import Worker
 from demote.state.base import Lease, tombstone
 
 __all__ = ["SQLiteStateStore"]
+
+T = TypeVar("T")
+_WRITE = "BEGIN IMMEDIATE"
 
 #: ``PRAGMA application_id``: "demo" in ASCII.
 APPLICATION_ID = 0x64656D6F
@@ -80,9 +84,19 @@ _HOLDS = (
     "AND expires > ?"
 )
 _DROP_LEASE = "DELETE FROM demote_lease WHERE conversation_id = ? AND holder = ? AND token = ?"
+_COUNT = "SELECT COUNT(*) FROM demote_state"
 
 
-class SQLiteStateStore(Closing):
+def _op(begin: str | None, work: Callable[[sqlite3.Connection], T]) -> Op[T]:
+    """``work`` on the connection, in a write transaction if ``begin``, else as is."""
+    return Op((begin, work), _same)
+
+
+def _same(result: T) -> T:
+    return result
+
+
+class SQLiteStateStore(OpStore):
     """Conversation states and fenced leases in an SQLite file.
 
     Args:
@@ -91,9 +105,6 @@ class SQLiteStateStore(Closing):
         clock: Wall-clock seconds; leases expire by it. Every process sharing the file
             must use the same clock (the default, :func:`time.time`, is right).
     """
-
-    #: Its calls block (file I/O): the async twins run them on the store's own thread.
-    nonblocking = False
 
     def __init__(
         self,
@@ -183,27 +194,32 @@ class SQLiteStateStore(Closing):
         row = db.execute(_SELECT, (conversation_id,)).fetchone()
         return None if row is None else state_from_row(row)
 
-    def get(self, conversation_id: str) -> ConversationState | None:
-        """The stored state, or ``None`` (one statement)."""
-        cid = storable_id(conversation_id)
-        with self._tx(None) as db:
-            return self._read(db, cid)
+    # The operations: what runs in which transaction. _run performs one under the lock;
+    # _arun on the store's own thread.
 
-    def compare_and_set(
+    def _run(self, op: Op[T]) -> T:
+        begin, work = op.request
+        with self._tx(begin) as db:
+            return op.finish(work(db))
+
+    async def _arun(self, op: Op[T]) -> T:
+        return await self._worker.run(self._run, op)
+
+    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+        cid = storable_id(conversation_id)
+        return _op(None, lambda db: self._read(db, cid))
+
+    def _cas_op(
         self,
         conversation_id: str,
         expected: ConversationState | None,
         new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Store ``new`` if the state equals ``expected`` and ``lease`` holds (one transaction).
-
-        With ``release=True`` the lease is released in the same transaction, stored or not.
-        """
+        lease: Lease | None,
+        release: bool,
+    ) -> Op[bool]:
         cid = storable_id(conversation_id)
-        with self._tx() as db:
+
+        def cas(db: sqlite3.Connection) -> bool:
             ok = self._read(db, cid) == expected and (
                 lease is None
                 or db.execute(_HOLDS, (cid, lease.holder, lease.token, self._clock())).fetchone()
@@ -215,42 +231,43 @@ class SQLiteStateStore(Closing):
                 db.execute(_DROP_LEASE, (cid, lease.holder, lease.token))
             return ok
 
-    def clear(self, conversation_id: str) -> ConversationState:
-        """Leave a tombstone one generation on and revoke the lease (one transaction)."""
+        return _op(_WRITE, cas)
+
+    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
         cid = storable_id(conversation_id)
-        with self._tx() as db:
-            tomb = tombstone(self._read(db, cid))
+
+        def clear(db: sqlite3.Connection) -> ConversationState:
+            # Only the generation is read: clearing also repairs an otherwise corrupt row.
+            row = db.execute(
+                "SELECT generation FROM demote_state WHERE conversation_id = ?", (cid,)
+            ).fetchone()
+            if row is not None and type(row[0]) is not int:
+                raise StoreError(f"stored generation of {cid!r} is corrupt: {row[0]!r:.40}")
+            tomb = tombstone(None if row is None else ConversationState(generation=row[0]))
             db.execute(_UPSERT, (cid, *astuple(tomb)))
             db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
             return tomb
 
-    def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state and lease (the fencing counter stays)."""
+        return _op(_WRITE, clear)
+
+    def _delete_op(self, conversation_id: str) -> Op[None]:
         cid = storable_id(conversation_id)
-        with self._tx() as db:
+
+        def delete(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM demote_state WHERE conversation_id = ?", (cid,))
             db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
 
-    def count(self) -> int:
-        """How many conversations have state."""
-        with self._tx(None) as db:
-            (n,) = db.execute("SELECT COUNT(*) FROM demote_state").fetchone()
-            return int(n)
+        return _op(_WRITE, delete)
 
-    def conversations(self) -> list[str]:
-        """Ids of the conversations with state, sorted."""
-        with self._tx(None) as db:
-            rows = db.execute("SELECT conversation_id FROM demote_state ORDER BY 1").fetchall()
-            return [r[0] for r in rows]
+    def _count_op(self) -> Op[int]:
+        return _op(
+            None, lambda db: int(db.execute("SELECT COUNT(*) FROM demote_state").fetchone()[0])
+        )
 
-    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Take the lease for ``ttl`` seconds if it is free or expired (one transaction).
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+        cid, seconds = storable_id(conversation_id), check_ttl(ttl)
 
-        Returns the lease with a new fencing token and the state read in the same
-        transaction, or ``None`` if an unexpired lease is held.
-        """
-        cid, ttl = storable_id(conversation_id), check_ttl(ttl)
-        with self._tx() as db:
+        def acquire(db: sqlite3.Connection) -> Lease | None:
             now = self._clock()
             held = db.execute(
                 "SELECT 1 FROM demote_lease WHERE conversation_id = ? AND expires > ?", (cid, now)
@@ -263,73 +280,39 @@ class SQLiteStateStore(Closing):
             db.execute(
                 "INSERT OR REPLACE INTO demote_lease (conversation_id, holder, token, expires) "
                 "VALUES (?, ?, ?, ?)",
-                (cid, holder, token, now + ttl),
+                (cid, holder, token, now + seconds),
             )
             return Lease(cid, holder, int(token), self._read(db, cid))
 
-    def renew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Extend ``lease`` to ``ttl`` seconds from now if it is still held and unexpired."""
-        cid, ttl = storable_id(lease.conversation_id), check_ttl(ttl)
-        with self._tx() as db:
+        return _op(_WRITE, acquire)
+
+    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+        cid, seconds = storable_id(lease.conversation_id), check_ttl(ttl)
+
+        def renew(db: sqlite3.Connection) -> bool:
             now = self._clock()
             cur = db.execute(
                 "UPDATE demote_lease SET expires = ? WHERE conversation_id = ? AND holder = ? "
                 "AND token = ? AND expires > ?",
-                (now + ttl, cid, lease.holder, lease.token, now),
+                (now + seconds, cid, lease.holder, lease.token, now),
             )
             return cur.rowcount == 1
 
-    def release_lease(self, lease: Lease) -> None:
-        """Give ``lease`` back if it is still held (by that holder and token)."""
+        return _op(_WRITE, renew)
+
+    def _release_op(self, lease: Lease) -> Op[None]:
         cid = storable_id(lease.conversation_id)
-        with self._tx() as db:
+
+        def release(db: sqlite3.Connection) -> None:
             db.execute(_DROP_LEASE, (cid, lease.holder, lease.token))
 
-    async def aget(self, conversation_id: str) -> ConversationState | None:
-        """Async :meth:`get` (on the store's thread)."""
-        return await self._worker.run(self.get, conversation_id)
+        return _op(_WRITE, release)
 
-    async def acompare_and_set(
-        self,
-        conversation_id: str,
-        expected: ConversationState | None,
-        new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Async :meth:`compare_and_set` (on the store's thread)."""
-
-        def cas() -> bool:
-            return self.compare_and_set(
-                conversation_id, expected, new, lease=lease, release=release
-            )
-
-        return await self._worker.run(cas)
-
-    async def aclear(self, conversation_id: str) -> ConversationState:
-        """Async :meth:`clear` (on the store's thread)."""
-        return await self._worker.run(self.clear, conversation_id)
-
-    async def adelete(self, conversation_id: str) -> None:
-        """Async :meth:`delete` (on the store's thread)."""
-        await self._worker.run(self.delete, conversation_id)
-
-    async def acount(self) -> int:
-        """Async :meth:`count` (on the store's thread)."""
-        return await self._worker.run(self.count)
-
-    async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
-        """Async :meth:`acquire_lease` (on the store's thread)."""
-        return await self._worker.run(self.acquire_lease, conversation_id, holder, ttl)
-
-    async def arenew_lease(self, lease: Lease, ttl: float) -> bool:
-        """Async :meth:`renew_lease` (on the store's thread)."""
-        return await self._worker.run(self.renew_lease, lease, ttl)
-
-    async def arelease_lease(self, lease: Lease) -> None:
-        """Async :meth:`release_lease` (on the store's thread)."""
-        await self._worker.run(self.release_lease, lease)
+    def conversations(self) -> list[str]:
+        """Ids of the conversations with state, sorted."""
+        with self._tx(None) as db:
+            rows = db.execute("SELECT conversation_id FROM demote_state ORDER BY 1").fetchall()
+            return [r[0] for r in rows]
 
     def close(self) -> None:
         """Close the connection and stop the worker thread (idempotent)."""
@@ -338,7 +321,3 @@ class SQLiteStateStore(Closing):
             if not self._closed:
                 self._closed = True
                 self._db.close()
-
-    async def aclose(self) -> None:
-        """Async :meth:`close`."""
-        self.close()
