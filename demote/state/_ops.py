@@ -86,11 +86,11 @@ class OpStore(Closing):
         lease: Lease | None = None,
         release: bool = False,
     ) -> bool:
-        """Store ``new`` only if the current state equals ``expected``; report success.
+        """Compare-and-set, fenced by ``lease`` if given (see :class:`~demote.state.base.StateStore`).
 
-        With ``lease``, also only while that lease (holder and token) is still held and
-        unexpired, checked in the same atomic step. With ``release=True`` the lease is
-        released in that step too, whether or not the state was stored.
+        Stores ``new`` if the state equals ``expected`` and the lease is still held,
+        unexpired, by its holder and token, all in one atomic step; ``release=True``
+        gives the lease back in that step, stored or not. Returns whether it stored.
         """
         return self._run(self._cas_op(conversation_id, expected, new, lease, release))
 
