@@ -86,7 +86,7 @@ class OpStore(Closing):
         lease: Lease | None = None,
         release: bool = False,
     ) -> bool:
-        """Compare-and-set, fenced by ``lease`` if given (see :class:`~demote.state.base.StateStore`).
+        """Compare-and-set, fenced by ``lease`` if given (see ``StateStore``).
 
         Stores ``new`` if the state equals ``expected`` and the lease is still held,
         unexpired, by its holder and token, all in one atomic step; ``release=True``
