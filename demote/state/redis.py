@@ -1,113 +1,324 @@
 """A state store in Redis, for several workers or hosts (extra ``demote[redis]``).
 
-Each conversation's state is one JSON string under ``{prefix}state:{conversation_id}``;
-the set ``{prefix}ids`` counts conversations. Compare-and-set and leases are single Lua
-scripts, so they are atomic on the server. A lease (``SET NX PX``) makes one worker at a
-time deliver a conversation's demotions across the fleet; the engine takes it after its
-in-process gate.
+Keys (all under ``prefix``):
+
+- ``{prefix}state:{id}``: the conversation's state, one JSON string;
+- ``{prefix}lease:{id}``: its lease, ``"{token}:{holder}"`` with a ``PX`` expiry, so
+  leases expire by the server's clock;
+- ``{prefix}ids``: the set of conversations with state (``count``);
+- ``{prefix}fence``: the store-wide fencing counter (``INCR``), which clear and delete
+  never touch.
+
+Every operation is one round trip: a single command (``get``, ``count``) or one Lua
+script, atomic on the server: acquire (check, ``INCR`` the fence, set the lease, read the
+state), compare-and-set (compare, check the lease, write, release), clear (tombstone and
+revoke), delete, renew, release. The scripts are written once below; the sync client
+(``redis.Redis``) and the native async one (``redis.asyncio.Redis``, one per event loop)
+are built from the same URL and options and run the same operation descriptions.
+
+Clients have explicit socket and connect timeouts, retry (bounded, with jittered
+exponential backoff) on connection errors, and health checks. A timeout is not retried:
+a black-holed server fails the call after ``socket_timeout``. Every redis error becomes a
+:class:`StoreError` at this boundary.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from demote.errors import MissingExtraError, StoreError
 from demote.records import ConversationState
-from demote.state._codec import decode_state, encode_state
+from demote.state._codec import check_ttl, decode_state, encode_state, storable_id
+from demote.state._loops import PerLoop
+from demote.state._ops import Op, OpStore
+from demote.state._worker import Worker
+from demote.state.base import Lease, tombstone
 
 __all__ = ["RedisStateStore"]
 
+T = TypeVar("T")
+
+# KEYS: lease, state, fence. ARGV: holder, ttl in ms.
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[3])
+redis.call('SET', KEYS[1], string.format('%d', token) .. ':' .. ARGV[1], 'PX', ARGV[2])
+return {token, redis.call('GET', KEYS[2])}
+"""
+
+# KEYS: state, ids, lease. ARGV: expected ('' for none), new, id, lease ('' for none),
+# release ('1').
 _CAS = """
+local ok = 1
 local current = redis.call('GET', KEYS[1])
 if ARGV[1] == '' then
-  if current then return 0 end
+  if current then ok = 0 end
 elseif current ~= ARGV[1] then
-  return 0
+  ok = 0
 end
-redis.call('SET', KEYS[1], ARGV[2])
+local held = false
+if ARGV[4] ~= '' then
+  held = redis.call('GET', KEYS[3]) == ARGV[4]
+  if not held then ok = 0 end
+end
+if ok == 1 then
+  redis.call('SET', KEYS[1], ARGV[2])
+  redis.call('SADD', KEYS[2], ARGV[3])
+end
+if held and ARGV[5] == '1' then redis.call('DEL', KEYS[3]) end
+return ok
+"""
+
+# KEYS: state, ids, lease. ARGV: tombstone JSON before and after its generation, id.
+_CLEAR = """
+local current = redis.call('GET', KEYS[1])
+local generation = 0
+if current then generation = cjson.decode(current)['generation'] end
+local tomb = ARGV[1] .. string.format('%d', generation + 1) .. ARGV[2]
+redis.call('SET', KEYS[1], tomb)
 redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('DEL', KEYS[3])
+return tomb
+"""
+
+# KEYS: state, ids, lease. ARGV: id.
+_DELETE = """
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('SREM', KEYS[2], ARGV[1])
 return 1
 """
 
+# KEYS: lease. ARGV: lease value, ttl in ms.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+# KEYS: lease. ARGV: lease value.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
+_SCRIPTS = {
+    "acquire": _ACQUIRE,
+    "cas": _CAS,
+    "clear": _CLEAR,
+    "delete": _DELETE,
+    "renew": _RENEW,
+    "release": _RELEASE,
+}
 
-class RedisStateStore:
-    """Conversation states in Redis.
+# The tombstone's JSON around its generation: the clear script fills the number in, so
+# what it writes is exactly encode_state(tombstone(...)).
+_TOMB_HEAD, _TOMB_TAIL = encode_state(tombstone(None)).split('"generation":1')
+_TOMB_HEAD += '"generation":'
+
+
+def _op(name: str, keys: tuple[str, ...], args: tuple[str | int, ...], finish: Any) -> Op[Any]:
+    """A command (``get``, ``scard``) or script (a key of ``_SCRIPTS``) and its reading."""
+    return Op((name, keys, args), finish)
+
+
+def _lease_value(lease: Lease) -> str:
+    return f"{lease.token}:{lease.holder}"
+
+
+def _ms(ttl: float) -> int:
+    return max(1, round(check_ttl(ttl) * 1000))
+
+
+def _optional_state(raw: Any) -> ConversationState | None:
+    return None if raw is None else decode_state(raw)
+
+
+class RedisStateStore(OpStore):
+    """Conversation states and fenced leases in Redis.
 
     Args:
         url: A redis URL (``redis://host:port/db``), used when ``client`` is not given.
-        client: An existing ``redis.Redis`` client (``decode_responses`` must be off).
+            Both the sync client and the async ones are built from it.
+        client: An existing ``redis.Redis`` client (``decode_responses`` off), used as
+            is; not closed by :meth:`close`.
+        async_client: An existing ``redis.asyncio.Redis`` client for the async twins,
+            used as is. Without it (and without ``url``) the async twins run the sync
+            client on the store's own threads.
         prefix: Prefix of every key this store writes.
+        socket_timeout: Seconds to wait for a reply before the call fails.
+        socket_connect_timeout: Seconds to wait for a connection.
+        retries: How many times a call is retried after a connection error (backoff
+            from 50 ms, capped at 1 s, jittered). Timeouts are not retried.
+        health_check_interval: A connection idle this many seconds is pinged before use.
+        max_connections: Size of each client's connection pool.
     """
 
     def __init__(
-        self, url: str | None = None, *, client: Any = None, prefix: str = "demote:"
+        self,
+        url: str | None = None,
+        *,
+        client: Any = None,
+        async_client: Any = None,
+        prefix: str = "demote:",
+        socket_timeout: float = 2.0,
+        socket_connect_timeout: float = 2.0,
+        retries: int = 3,
+        health_check_interval: float = 15.0,
+        max_connections: int = 50,
     ) -> None:
-        if client is None:
-            try:
-                import redis
-            except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise MissingExtraError("redis", "redis") from exc
-            client = redis.Redis.from_url(url or "redis://127.0.0.1:6379/0")
-        self._redis = client
+        try:
+            import redis
+            import redis.asyncio
+            import redis.asyncio.retry
+            import redis.backoff
+            import redis.retry
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MissingExtraError("redis", "redis") from exc
         self.prefix = prefix
         self._ids = f"{prefix}ids"
-        try:
-            self._cas = client.register_script(_CAS)
-            self._release = client.register_script(_RELEASE)
+        self._fence = f"{prefix}fence"
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._owns_client = client is None
+        url = url or "redis://127.0.0.1:6379/0"
+        options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+            "health_check_interval": health_check_interval,
+            "max_connections": max_connections,
+        }
+
+        def retry(module: Any) -> Any:
+            backoff = redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+            return module.Retry(backoff, retries, (redis.ConnectionError,))
+
+        with self._translated("cannot reach redis"):
+            if client is None:
+                client = redis.Redis.from_url(url, retry=retry(redis.retry), **options)
+            self._redis = client
+            self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
             client.ping()
-        except Exception as exc:
-            raise StoreError(f"cannot reach redis: {exc}") from exc
+        self._worker: Worker | None = None
+        self._async: PerLoop[tuple[Any, dict[str, Any]]] | None = None
+        if async_client is not None or self._owns_client:
 
-    def _key(self, conversation_id: str) -> str:
-        return f"{self.prefix}state:{conversation_id}"
+            async def make() -> tuple[Any, dict[str, Any]]:
+                made = async_client or redis.asyncio.Redis.from_url(
+                    url, retry=retry(redis.asyncio.retry), **options
+                )
+                return made, {name: made.register_script(s) for name, s in _SCRIPTS.items()}
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            async def close(pair: tuple[Any, dict[str, Any]]) -> None:
+                if async_client is None:
+                    await pair[0].aclose()
+
+            self._async = PerLoop(make, close)
+        else:
+            self._worker = Worker("demote-redis-state", threads=4)
+
+    @contextmanager
+    def _translated(self, what: str = "redis") -> Iterator[None]:
         try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # redis errors become ours at this boundary
-            raise StoreError(f"redis: {exc}") from exc
+            yield
+        except self._errors as exc:  # redis errors become ours at this boundary
+            raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
-    def get(self, conversation_id: str) -> ConversationState | None:
-        """The stored state, or ``None``."""
-        raw = self._call(self._redis.get, self._key(conversation_id))
-        return None if raw is None else decode_state(raw)
+    def _key(self, kind: str, conversation_id: str) -> str:
+        return f"{self.prefix}{kind}:{conversation_id}"
 
-    def compare_and_set(
+    # The operations, described once; _run and _arun perform them.
+
+    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+        key = self._key("state", storable_id(conversation_id))
+        return _op("get", (key,), (), _optional_state)
+
+    def _count_op(self) -> Op[int]:
+        return _op("scard", (self._ids,), (), int)
+
+    def _cas_op(
         self,
         conversation_id: str,
         expected: ConversationState | None,
         new: ConversationState,
-    ) -> bool:
-        """Store ``new`` if the current state equals ``expected`` (one Lua script)."""
-        args = ["" if expected is None else encode_state(expected), encode_state(new)]
-        keys = [self._key(conversation_id), self._ids]
-        return bool(self._call(self._cas, keys=keys, args=[*args, conversation_id]))
+        lease: Lease | None,
+        release: bool,
+    ) -> Op[bool]:
+        cid = storable_id(conversation_id)
+        keys = (self._key("state", cid), self._ids, self._key("lease", cid))
+        args = (
+            "" if expected is None else encode_state(expected),
+            encode_state(new),
+            cid,
+            "" if lease is None else _lease_value(lease),
+            "1" if release else "0",
+        )
+        return _op("cas", keys, args, lambda reply: reply == 1)
 
-    def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state."""
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.delete(self._key(conversation_id))
-        pipe.srem(self._ids, conversation_id)
-        self._call(pipe.execute)
+    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+        cid = storable_id(conversation_id)
+        keys = (self._key("state", cid), self._ids, self._key("lease", cid))
+        return _op("clear", keys, (_TOMB_HEAD, _TOMB_TAIL, cid), decode_state)
 
-    def count(self) -> int:
-        """How many conversations have state."""
-        return int(self._call(self._redis.scard, self._ids))
+    def _delete_op(self, conversation_id: str) -> Op[None]:
+        cid = storable_id(conversation_id)
+        keys = (self._key("state", cid), self._ids, self._key("lease", cid))
+        return _op("delete", keys, (cid,), lambda reply: None)
 
-    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> bool:
-        """Take the conversation's delivery lease for ``ttl`` seconds if it is free."""
-        key = f"{self.prefix}lease:{conversation_id}"
-        return bool(self._call(self._redis.set, key, holder, nx=True, px=max(1, int(ttl * 1000))))
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+        cid = storable_id(conversation_id)
+        keys = (self._key("lease", cid), self._key("state", cid), self._fence)
 
-    def release_lease(self, conversation_id: str, holder: str) -> None:
-        """Give the lease back, only if ``holder`` still has it."""
-        self._call(self._release, keys=[f"{self.prefix}lease:{conversation_id}"], args=[holder])
+        def finish(reply: Any) -> Lease | None:
+            if reply is None:
+                return None
+            token, raw = reply
+            return Lease(cid, holder, int(token), _optional_state(raw))
+
+        return _op("acquire", keys, (holder, _ms(ttl)), finish)
+
+    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+        key = self._key("lease", storable_id(lease.conversation_id))
+        return _op("renew", (key,), (_lease_value(lease), _ms(ttl)), lambda r: r == 1)
+
+    def _release_op(self, lease: Lease) -> Op[None]:
+        key = self._key("lease", storable_id(lease.conversation_id))
+        return _op("release", (key,), (_lease_value(lease),), lambda reply: None)
+
+    def _run(self, op: Op[T]) -> T:
+        name, keys, args = op.request
+        with self._translated():
+            script = self._scripts.get(name)
+            if script is not None:
+                reply = script(keys=list(keys), args=list(args))
+            else:
+                reply = getattr(self._redis, name)(*keys, *args)
+        return op.finish(reply)
+
+    async def _arun(self, op: Op[T]) -> T:
+        if self._async is None:
+            assert self._worker is not None
+            return await self._worker.run(self._run, op)
+        name, keys, args = op.request
+        with self._translated():
+            client, scripts = await self._async.get()
+            script = scripts.get(name)
+            if script is not None:
+                reply = await script(keys=list(keys), args=list(args))
+            else:
+                reply = await getattr(client, name)(*keys, *args)
+        return op.finish(reply)
 
     def close(self) -> None:
-        """Close the client's connections (idempotent)."""
-        self._redis.close()
+        """Close the clients this store made (idempotent); async ones on their loops."""
+        if self._worker is not None:
+            self._worker.close()
+        if self._async is not None:
+            self._async.close_all()
+        if self._owns_client:
+            self._redis.close()
+
+    async def aclose(self) -> None:
+        """Close this loop's async client, then everything :meth:`close` closes."""
+        if self._async is not None:
+            await self._async.close_current()
+        self.close()

@@ -1,8 +1,20 @@
 """A durable state store in one SQLite file (WAL mode, safe across threads and processes).
 
-Schema: one row per conversation in ``demote_state``. Compare-and-set runs inside a
-``BEGIN IMMEDIATE`` transaction, so two processes never both commit the same advance.
-Conversation ids are only ever bound as query parameters.
+Schema (version 2, in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
+demote's): one row per conversation in ``demote_state``, one per held lease in
+``demote_lease`` (holder, fencing token, expiry in wall-clock seconds, so processes on one
+host agree), and the store-wide fencing counter in ``demote_fence``, which clear and
+delete never touch. A file of version 1 (``demote_state`` alone) is migrated in place on
+open and keeps its states; a file of a newer version is refused.
+
+Every write (compare-and-set, lease, clear, delete) is one ``BEGIN IMMEDIATE``
+transaction, so the lease check, the comparison, the write and the release happen as one
+step across processes. Reads are one statement. Conversation ids are only ever bound as
+query parameters.
+
+The async twins run the sync methods on the store's own single worker thread (not the
+event loop's default executor): a call takes tens of microseconds, the thread keeps them
+off the loop all the same.
 """
 
 from __future__ import annotations
@@ -10,135 +22,301 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import astuple, fields
+from dataclasses import astuple
+from typing import TypeVar
 
-from demote._closing import Closing
 from demote.errors import StoreError
 from demote.records import ConversationState
+from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
+from demote.state._ops import Op, OpStore
+from demote.state._worker import Worker
 from demote.state.base import Lease, tombstone
 
 __all__ = ["SQLiteStateStore"]
 
-_COLUMNS = [f.name for f in fields(ConversationState)]
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS demote_state (
-    conversation_id TEXT PRIMARY KEY,
-    window_start INTEGER NOT NULL,
-    delivered INTEGER NOT NULL,
-    pinned INTEGER NOT NULL,
-    anchor TEXT,
-    summary TEXT,
-    summarized INTEGER NOT NULL,
-    offset INTEGER NOT NULL,
-    generation INTEGER NOT NULL
+T = TypeVar("T")
+_WRITE = "BEGIN IMMEDIATE"
+
+#: ``PRAGMA application_id``: "demo" in ASCII.
+APPLICATION_ID = 0x64656D6F
+#: The schema version this code writes (``PRAGMA user_version``).
+SCHEMA_VERSION = 2
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE IF NOT EXISTS demote_state (
+        conversation_id TEXT PRIMARY KEY,
+        window_start INTEGER NOT NULL,
+        delivered INTEGER NOT NULL,
+        pinned INTEGER NOT NULL,
+        anchor TEXT,
+        summary TEXT,
+        summarized INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        generation INTEGER NOT NULL
+    );
+    """,
+    2: """
+    CREATE TABLE IF NOT EXISTS demote_lease (
+        conversation_id TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        expires REAL NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS demote_fence (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        last INTEGER NOT NULL
+    );
+    INSERT OR IGNORE INTO demote_fence (id, last) VALUES (0, 0);
+    """,
+}
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM demote_state WHERE conversation_id = ?"
+_UPSERT = (
+    f"INSERT OR REPLACE INTO demote_state (conversation_id, {', '.join(COLUMNS)}) "
+    f"VALUES (?{', ?' * len(COLUMNS)})"
 )
-"""
+_HOLDS = (
+    "SELECT 1 FROM demote_lease WHERE conversation_id = ? AND holder = ? AND token = ? "
+    "AND expires > ?"
+)
+_DROP_LEASE = "DELETE FROM demote_lease WHERE conversation_id = ? AND holder = ? AND token = ?"
+_COUNT = "SELECT COUNT(*) FROM demote_state"
 
 
-class SQLiteStateStore(Closing):
-    """Conversation states in an SQLite file.
+def _op(begin: str | None, work: Callable[[sqlite3.Connection], T]) -> Op[T]:
+    """``work`` on the connection, in a write transaction if ``begin``, else as is."""
+    return Op((begin, work), _same)
+
+
+def _same(result: T) -> T:
+    return result
+
+
+class SQLiteStateStore(OpStore):
+    """Conversation states and fenced leases in an SQLite file.
 
     Args:
         path: The database file (created if missing). ``":memory:"`` works for tests.
         timeout: Seconds to wait for another process's write lock.
+        clock: Wall-clock seconds; leases expire by it. Every process sharing the file
+            must use the same clock (the default, :func:`time.time`, is right).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = os.fspath(path)
+        self._clock = clock
         self._lock = threading.RLock()
+        self._closed = False
+        self._worker = Worker(f"demote-sqlite-state:{os.path.basename(self.path)}")
         try:
             self._db = sqlite3.connect(
                 self.path, timeout=timeout, check_same_thread=False, isolation_level=None
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
-        self._closed = False
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
+            raise
+
+    def _migrate(self) -> None:
+        """Bring the file to :data:`SCHEMA_VERSION` (one transaction; no-op if there)."""
+        if self._versions() == (APPLICATION_ID, SCHEMA_VERSION):
+            return
+        self._db.execute("BEGIN IMMEDIATE")  # re-read under the lock: another process may win
+        try:
+            app, version = self._versions()
+            if app not in (0, APPLICATION_ID):
+                raise StoreError(
+                    f"{self.path!r} is not a demote state store (application_id {app:#x})"
+                )
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path!r} has state store schema {version}, newer than this "
+                    f"demote's {SCHEMA_VERSION}: upgrade demote"
+                )
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            self._db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _versions(self) -> tuple[int, int]:
+        (app,) = self._db.execute("PRAGMA application_id").fetchone()
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        return int(app), int(version)
 
     @contextmanager
-    def _tx(self, immediate: bool = False) -> Iterator[sqlite3.Connection]:
+    def _tx(self, begin: str | None = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock; in a write transaction unless ``begin`` is None."""
         with self._lock:
             if self._closed:
                 raise StoreError(f"state store {self.path!r} is closed")
+            db = self._db
             try:
-                self._db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+                if begin is None:
+                    yield db
+                    return
+                db.execute(begin)
                 try:
-                    yield self._db
+                    yield db
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
+                db.execute("COMMIT")
             except sqlite3.Error as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise StoreError(f"state store {self.path!r}: {exc}") from exc
 
     @staticmethod
     def _read(db: sqlite3.Connection, conversation_id: str) -> ConversationState | None:
-        row = db.execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM demote_state WHERE conversation_id = ?",
-            (conversation_id,),
-        ).fetchone()
-        return None if row is None else ConversationState(*row)
+        row = db.execute(_SELECT, (conversation_id,)).fetchone()
+        return None if row is None else state_from_row(row)
 
-    def get(self, conversation_id: str) -> ConversationState | None:
-        """The stored state, or ``None``."""
-        with self._tx() as db:
-            return self._read(db, conversation_id)
+    # The operations: what runs in which transaction. _run performs one under the lock;
+    # _arun on the store's own thread.
 
-    def compare_and_set(
+    def _run(self, op: Op[T]) -> T:
+        begin, work = op.request
+        with self._tx(begin) as db:
+            return op.finish(work(db))
+
+    async def _arun(self, op: Op[T]) -> T:
+        return await self._worker.run(self._run, op)
+
+    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+        cid = storable_id(conversation_id)
+        return _op(None, lambda db: self._read(db, cid))
+
+    def _cas_op(
         self,
         conversation_id: str,
         expected: ConversationState | None,
         new: ConversationState,
-        *,
-        lease: Lease | None = None,
-        release: bool = False,
-    ) -> bool:
-        """Store ``new`` if the current state equals ``expected`` (one transaction)."""
-        del lease, release  # no leases here (yet)
-        with self._tx(immediate=True) as db:
-            if self._read(db, conversation_id) != expected:
-                return False
-            db.execute(
-                f"INSERT OR REPLACE INTO demote_state (conversation_id, {', '.join(_COLUMNS)}) "
-                f"VALUES (?{', ?' * len(_COLUMNS)})",
-                (conversation_id, *astuple(new)),
-            )
-            return True
+        lease: Lease | None,
+        release: bool,
+    ) -> Op[bool]:
+        cid = storable_id(conversation_id)
 
-    def clear(self, conversation_id: str) -> ConversationState:
-        """Leave a tombstone one generation on."""
-        with self._tx(immediate=True) as db:
-            tomb = tombstone(self._read(db, conversation_id))
-            db.execute(
-                f"INSERT OR REPLACE INTO demote_state (conversation_id, {', '.join(_COLUMNS)}) "
-                f"VALUES (?{', ?' * len(_COLUMNS)})",
-                (conversation_id, *astuple(tomb)),
+        def cas(db: sqlite3.Connection) -> bool:
+            ok = self._read(db, cid) == expected and (
+                lease is None
+                or db.execute(_HOLDS, (cid, lease.holder, lease.token, self._clock())).fetchone()
+                is not None
             )
+            if ok:
+                db.execute(_UPSERT, (cid, *astuple(new)))
+            if release and lease is not None:
+                db.execute(_DROP_LEASE, (cid, lease.holder, lease.token))
+            return ok
+
+        return _op(_WRITE, cas)
+
+    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+        cid = storable_id(conversation_id)
+
+        def clear(db: sqlite3.Connection) -> ConversationState:
+            # Only the generation is read: clearing also repairs an otherwise corrupt row.
+            row = db.execute(
+                "SELECT generation FROM demote_state WHERE conversation_id = ?", (cid,)
+            ).fetchone()
+            if row is not None and type(row[0]) is not int:
+                raise StoreError(f"stored generation of {cid!r} is corrupt: {row[0]!r:.40}")
+            tomb = tombstone(None if row is None else ConversationState(generation=row[0]))
+            db.execute(_UPSERT, (cid, *astuple(tomb)))
+            db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
             return tomb
 
-    def delete(self, conversation_id: str) -> None:
-        """Forget the conversation's state."""
-        with self._tx(immediate=True) as db:
-            db.execute("DELETE FROM demote_state WHERE conversation_id = ?", (conversation_id,))
+        return _op(_WRITE, clear)
 
-    def count(self) -> int:
-        """How many conversations have state."""
-        with self._tx() as db:
-            (n,) = db.execute("SELECT COUNT(*) FROM demote_state").fetchone()
-            return int(n)
+    def _delete_op(self, conversation_id: str) -> Op[None]:
+        cid = storable_id(conversation_id)
+
+        def delete(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM demote_state WHERE conversation_id = ?", (cid,))
+            db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
+
+        return _op(_WRITE, delete)
+
+    def _count_op(self) -> Op[int]:
+        return _op(
+            None, lambda db: int(db.execute("SELECT COUNT(*) FROM demote_state").fetchone()[0])
+        )
+
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+        cid, seconds = storable_id(conversation_id), check_ttl(ttl)
+
+        def acquire(db: sqlite3.Connection) -> Lease | None:
+            now = self._clock()
+            held = db.execute(
+                "SELECT 1 FROM demote_lease WHERE conversation_id = ? AND expires > ?", (cid, now)
+            ).fetchone()
+            if held is not None:
+                return None
+            (token,) = db.execute(
+                "UPDATE demote_fence SET last = last + 1 WHERE id = 0 RETURNING last"
+            ).fetchone()
+            db.execute(
+                "INSERT OR REPLACE INTO demote_lease (conversation_id, holder, token, expires) "
+                "VALUES (?, ?, ?, ?)",
+                (cid, holder, token, now + seconds),
+            )
+            return Lease(cid, holder, int(token), self._read(db, cid))
+
+        return _op(_WRITE, acquire)
+
+    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+        cid, seconds = storable_id(lease.conversation_id), check_ttl(ttl)
+
+        def renew(db: sqlite3.Connection) -> bool:
+            now = self._clock()
+            cur = db.execute(
+                "UPDATE demote_lease SET expires = ? WHERE conversation_id = ? AND holder = ? "
+                "AND token = ? AND expires > ?",
+                (now + seconds, cid, lease.holder, lease.token, now),
+            )
+            return cur.rowcount == 1
+
+        return _op(_WRITE, renew)
+
+    def _release_op(self, lease: Lease) -> Op[None]:
+        cid = storable_id(lease.conversation_id)
+
+        def release(db: sqlite3.Connection) -> None:
+            db.execute(_DROP_LEASE, (cid, lease.holder, lease.token))
+
+        return _op(_WRITE, release)
 
     def conversations(self) -> list[str]:
         """Ids of the conversations with state, sorted."""
-        with self._tx() as db:
+        with self._tx(None) as db:
             rows = db.execute("SELECT conversation_id FROM demote_state ORDER BY 1").fetchall()
             return [r[0] for r in rows]
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection and stop the worker thread (idempotent)."""
+        self._worker.close()
         with self._lock:
             if not self._closed:
                 self._closed = True

@@ -1,0 +1,170 @@
+"""The PostgreSQL state store's SQL: schema, migrations, and one statement per operation.
+
+Written once; the store's sync and async drivers execute the same strings. Every
+operation is one statement (so one round trip on an autocommit connection), atomic by
+itself:
+
+- compare-and-set is an ``UPDATE ... WHERE <state> IS NOT DISTINCT FROM <expected>`` (an
+  ``INSERT ... ON CONFLICT DO NOTHING`` when nothing is expected), fenced by an
+  ``EXISTS`` that locks the lease row ``FOR UPDATE`` while checking holder, token and
+  expiry; the release is a ``DELETE`` in the same statement, run after the comparison;
+- acquire is an upsert of the lease that only replaces an expired one, taking its token
+  from a sequence, joined to the state;
+- clear revokes the lease and upserts the tombstone (generation + 1) in one statement.
+
+Locks are always taken lease row first, then state row, so two operations on one
+conversation never deadlock. Expiry is by the server's clock (``now()``).
+
+Schema versions: 1 is the table and lease table of earlier releases; 2 adds the lease
+token, the fencing sequence and the ``{table}_meta`` row that records the version.
+Migrations run under an advisory lock, in one transaction, and are idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple
+from functools import cache
+from typing import Any
+
+from demote.records import ConversationState
+from demote.state._codec import COLUMNS
+from demote.state.base import Lease, tombstone
+
+__all__ = ["SCHEMA_VERSION", "Sql"]
+
+SCHEMA_VERSION = 2
+_TYPES = {c: ("text" if c in ("anchor", "summary") else "bigint") for c in COLUMNS}
+_COLS = ", ".join(f'"{c}"' for c in COLUMNS)
+_S_COLS = ", ".join(f's."{c}"' for c in COLUMNS)
+
+
+def _values(prefix: str) -> str:
+    return ", ".join(f"%({prefix}{c})s::{_TYPES[c]}" for c in COLUMNS)
+
+
+def state_params(prefix: str, state: ConversationState) -> dict[str, Any]:
+    """Named parameters of ``state`` for :func:`_values` placeholders."""
+    return {f"{prefix}{c}": v for c, v in zip(COLUMNS, astuple(state), strict=True)}
+
+
+class Sql:
+    """The statements of one store table (``table`` is a checked identifier)."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        lease, t = f"{table}_lease", table
+        self.lease_table = lease
+        self.get = f"SELECT {_COLS} FROM {t} WHERE conversation_id = %(id)s"
+        self.count = f"SELECT count(*) FROM {t}"
+        self.holds = (
+            f"EXISTS (SELECT 1 FROM {lease} WHERE conversation_id = %(id)s "
+            "AND holder = %(holder)s AND token = %(token)s AND expires > now() FOR UPDATE)"
+        )
+        self.drop_lease = (
+            f"DELETE FROM {lease} WHERE conversation_id = %(id)s "
+            "AND holder = %(holder)s AND token = %(token)s"
+        )
+        self.acquire = (
+            f"WITH l AS (INSERT INTO {lease} AS l (conversation_id, holder, token, expires) "
+            f"VALUES (%(id)s, %(holder)s, nextval('{t}_fence'), "
+            "now() + make_interval(secs => %(ttl)s)) "
+            "ON CONFLICT (conversation_id) DO UPDATE SET holder = EXCLUDED.holder, "
+            "token = EXCLUDED.token, expires = EXCLUDED.expires WHERE l.expires <= now() "
+            f"RETURNING token) SELECT l.token, {_S_COLS} "
+            f"FROM l LEFT JOIN {t} s ON s.conversation_id = %(id)s"
+        )
+        self.renew = (
+            f"UPDATE {lease} SET expires = now() + make_interval(secs => %(ttl)s) "
+            "WHERE conversation_id = %(id)s AND holder = %(holder)s AND token = %(token)s "
+            "AND expires > now() RETURNING 1"
+        )
+        self.release = self.drop_lease
+        # The lease goes first (an InitPlan the state write waits on): lease, then state.
+        fresh = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in COLUMNS if c != "generation")
+        self.clear = (
+            f"WITH rel AS (DELETE FROM {lease} WHERE conversation_id = %(id)s RETURNING 1) "
+            f"INSERT INTO {t} AS s (conversation_id, {_COLS}) "
+            f"SELECT %(id)s, {_values('n_')} WHERE (SELECT count(*) FROM rel) >= 0 "
+            f"ON CONFLICT (conversation_id) DO UPDATE SET {fresh}, "
+            f'"generation" = s."generation" + 1 RETURNING {_COLS}'
+        )
+        self.delete = (
+            f"WITH rel AS (DELETE FROM {lease} WHERE conversation_id = %(id)s RETURNING 1) "
+            f"DELETE FROM {t} WHERE conversation_id = %(id)s "
+            "AND (SELECT count(*) FROM rel) >= 0"
+        )
+
+    @cache  # noqa: B019 - eight strings per store, kept as long as the store
+    def cas(self, expecting: bool, fenced: bool, release: bool) -> str:
+        """The compare-and-set statement for this combination of arguments."""
+        guard = f" AND {self.holds}" if fenced else ""
+        if expecting:
+            write = (
+                f"UPDATE {self.table} SET ({_COLS}) = ROW({_values('n_')}) "
+                f"WHERE conversation_id = %(id)s AND ({_COLS}) IS NOT DISTINCT FROM "
+                f"({_values('e_')}){guard} RETURNING 1"
+            )
+        else:
+            write = (
+                f"INSERT INTO {self.table} (conversation_id, {_COLS}) "
+                f"SELECT %(id)s, {_values('n_')} WHERE TRUE{guard} "
+                "ON CONFLICT (conversation_id) DO NOTHING RETURNING 1"
+            )
+        if not release:
+            return f"WITH w AS ({write}) SELECT count(*) FROM w"
+        # The release runs after the write (its InitPlan reads w), so the check sees
+        # the lease before it goes.
+        return (
+            f"WITH w AS ({write}), rel AS ({self.drop_lease} "
+            "AND (SELECT count(*) FROM w) >= 0 RETURNING 1) SELECT count(*) FROM w"
+        )
+
+    def cas_params(
+        self,
+        cid: str,
+        expected: ConversationState | None,
+        new: ConversationState,
+        lease: Lease | None,
+    ) -> dict[str, Any]:
+        """Parameters of :meth:`cas`."""
+        params = {"id": cid, **state_params("n_", new)}
+        if expected is not None:
+            params.update(state_params("e_", expected))
+        if lease is not None:
+            params.update(holder=lease.holder, token=lease.token)
+        return params
+
+    def clear_params(self, cid: str) -> dict[str, Any]:
+        """Parameters of :attr:`clear` (the tombstone of a conversation never seen)."""
+        return {"id": cid, **state_params("n_", tombstone(None))}
+
+    def migrations(self) -> list[str]:
+        """Bring any earlier layout to :data:`SCHEMA_VERSION` (idempotent)."""
+        t, lease = self.table, self.lease_table
+        return [
+            # version 1
+            f"CREATE TABLE IF NOT EXISTS {t} (conversation_id TEXT PRIMARY KEY, "
+            "window_start BIGINT NOT NULL, delivered BIGINT NOT NULL, "
+            "pinned BIGINT NOT NULL, anchor TEXT, summary TEXT, "
+            'summarized BIGINT NOT NULL, "offset" BIGINT NOT NULL, '
+            "generation BIGINT NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {lease} (conversation_id TEXT PRIMARY KEY, "
+            "holder TEXT NOT NULL, expires TIMESTAMPTZ NOT NULL)",
+            # version 2
+            f"ALTER TABLE {lease} ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0",
+            f"CREATE SEQUENCE IF NOT EXISTS {t}_fence",
+            f"CREATE TABLE IF NOT EXISTS {t}_meta (id BOOLEAN PRIMARY KEY DEFAULT TRUE "
+            "CHECK (id), version INTEGER NOT NULL)",
+            f"INSERT INTO {t}_meta (version) VALUES ({SCHEMA_VERSION}) "
+            f"ON CONFLICT (id) DO UPDATE SET version = {SCHEMA_VERSION}",
+        ]
+
+    @property
+    def meta_exists(self) -> str:
+        """Whether the meta table (schema version 2 and later) exists."""
+        return f"SELECT to_regclass('{self.table}_meta') IS NOT NULL"
+
+    @property
+    def version(self) -> str:
+        """The recorded schema version (only once :attr:`meta_exists`)."""
+        return f"SELECT version FROM {self.table}_meta"
