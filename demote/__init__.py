@@ -18,6 +18,7 @@ from demote.errors import (
     SummarizerError,
     TranscriptError,
 )
+from demote.events import ConversationStats, DemoteEvent, DemoterStats
 from demote.hooks.simple import CallbackHook, FanOutHook, NoopHook
 from demote.planner import Plan, plan
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
@@ -31,7 +32,10 @@ from demote.records import (
 )
 from demote.retry import Backoff
 from demote.state import (
+    AsyncStateStore,
     InMemoryStateStore,
+    Lease,
+    LeasingStateStore,
     PostgresStateStore,
     RedisStateStore,
     SQLiteStateStore,
@@ -41,6 +45,7 @@ from demote.summarize import ModelSummarizer, TemplateSummarizer
 
 __all__ = [
     "AsyncRecorder",
+    "AsyncStateStore",
     "Backoff",
     "Bulk",
     "CallbackHook",
@@ -49,15 +54,20 @@ __all__ = [
     "ConfigError",
     "ConversationIdError",
     "ConversationState",
+    "ConversationStats",
     "DemoteError",
+    "DemoteEvent",
     "DemotedMessage",
     "Demoter",
+    "DemoterStats",
     "Demotion",
     "FanOutHook",
     "HookBusy",
     "HookError",
     "HookTimeout",
     "InMemoryStateStore",
+    "Lease",
+    "LeasingStateStore",
     "MessageRecord",
     "MissingExtraError",
     "ModelSummarizer",

@@ -36,7 +36,7 @@ def test_demote_all_is_complete() -> None:
     wanted = (
         set(demote.errors.__all__)
         | (set(demote.state.__all__) - {"validate_conversation_id"})
-        | set(demote.hooks.simple.__all__) - {"deliver_async", "deliver_sync"}
+        | set(demote.hooks.simple.__all__) - {"deliver_async", "deliver_sync", "native_async"}
         | {"Bulk", "Compact", "PerItem", "SlidingWindow"}
         | {"Demoter", "Window", "Plan", "plan"}
     )

@@ -40,7 +40,9 @@ class InMemoryStateStore:
         """The stored state, or ``None``."""
         return self._states.get(conversation_id)
 
-    def _holds(self, lease: Lease) -> bool:
+    def _holds(self, lease: Lease, conversation_id: str | None = None) -> bool:
+        if conversation_id is not None and lease.conversation_id != conversation_id:
+            return False  # a lease fences its own conversation only
         held = self._leases.get(lease.conversation_id)
         return (
             held is not None and held[:2] == (lease.holder, lease.token) and held[2] > self._clock()
@@ -58,7 +60,7 @@ class InMemoryStateStore:
         """Store ``new`` if the current state equals ``expected`` (and ``lease`` holds)."""
         with self._lock:
             ok = self._states.get(conversation_id) == expected and (
-                lease is None or self._holds(lease)
+                lease is None or self._holds(lease, conversation_id)
             )
             if ok:
                 self._states[conversation_id] = new

@@ -117,9 +117,7 @@ def test_a_dead_sink_for_1000_turns_keeps_every_window_bounded(policy: SlidingWi
 def test_a_hung_sync_hook_is_bounded_by_hook_timeout_and_called_once_at_a_time() -> None:
     sink = Sink()
     sink.hang.set()
-    d = Demoter(
-        SlidingWindow.last_messages(4), sink, hook_timeout=0.2, retry=Backoff(0.001, 0.001)
-    )
+    d = Demoter(SlidingWindow.last_messages(4), sink, hook_timeout=0.2, retry=Backoff(0.001, 0.001))
     history: list[Msg] = []
     began = time.monotonic()
     slow = 0
