@@ -8,74 +8,72 @@ The demo plays a long conversation (the built-in one, or a LoCoMo file) turn by 
    :class:`llamaindex_demote.DemotingMemory` (chat store: a JSONL file).
 
 Both share one :class:`~demote.Demoter` with a :class:`~demote.SQLiteStateStore` and an
-:class:`~demote.hooks.archive.SQLiteArchive` in the demo folder, recall from the archive,
-and end by asking about a fact from the start of the chat. The model is
-:mod:`demote.offline`'s stand-in unless ``--model`` names a real one (LangChain part only).
+:class:`~demote.SQLiteArchive` in the demo folder, recall from the archive, and end by
+asking about a fact from the start of the chat. The model is
+:class:`~demote.cli.offline.OfflineResponder` unless ``--model`` names a real one
+(LangChain half only).
 
-Every run continues the stored conversation: the next turns of the script (wrapping
-around), the same conversation ids, the same stores. Delivery goes through
-:class:`CountingHook`, which asks the archive which keys it already holds before each
-delivery; the table's ``re-delivered`` row counts them (0 unless the state was lost).
+Before it creates anything, a run checks what it needs: the policy, the conversation
+file, both framework extras and the model. ``progress.json`` in the folder records where
+the script stands; it is written when a run starts and again when it ends. The next run
+continues the stored conversation (the next turns of the script, wrapping around, the same
+conversation ids, the same stores). A run that stopped half-way (a crash, Ctrl-C) is
+*resumed*: its stores are kept and the script restarts where that run began; nothing is
+delivered twice, because the stores are consistent whatever happened. ``--restart``
+removes the demo's own files and starts again at run 1.
+
+Delivery goes through :class:`~demote.cli.demo_parts.CountingHook`, which asks the archive
+which keys it already holds before each delivery; the table's ``re-delivered`` row counts
+them (0 unless the state was lost).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
-from demote.cachecost import CacheMeter
+from demote.cli.demo_parts import (
+    LANGCHAIN_ID,
+    LLAMAINDEX_ID,
+    CountingHook,
+    DemoOptions,
+    PartResult,
+    Probe,
+    Script,
+)
+from demote.cli.demo_table import print_table
+from demote.cli.offline import content_terms
+from demote.cli.replay import describe_policy
+from demote.cli.transcript import LOCOMO_HINT, Transcript, builtin_transcript, load_transcript
 from demote.engine import Demoter
 from demote.errors import ConfigError, StoreError
 from demote.hooks.archive import SQLiteArchive
-from demote.offline import content_terms
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
-from demote.records import Demotion, fingerprint
-from demote.replay import describe_policy
 from demote.state.sqlite import SQLiteStateStore
 from demote.summarize import TemplateSummarizer
-from demote.tokens import TokenCache
-from demote.transcript import Transcript, load_transcript
 
 __all__ = [
-    "CallLog",
-    "CountingHook",
+    "STRATEGIES",
     "DemoOptions",
-    "Probe",
-    "Script",
     "builtin_script",
     "demo_policy",
     "locomo_script",
     "run_demo",
 ]
 
-#: The package data folder (the built-in conversation).
-DATA = Path(__file__).with_name("data")
-#: How recalled messages are introduced to the model (LangChain and LlamaIndex alike).
-RECALL_HEADER = "Relevant messages from earlier in this conversation:"
 STRATEGIES = ("per_item", "bulk", "compact")
 _LIMIT, _OVERFLOW = 1200, 400
-_FILES = ("state.db", "archive.db", "langchain-history.jsonl", "llamaindex-chats.jsonl")
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """A question about an early fact, asked at the end of a run, and its answer."""
-
-    question: str
-    answer: str
-
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    """A conversation to play: ``(user text, recorded reply)`` turns and probes."""
-
-    name: str
-    turns: tuple[tuple[str, str], ...]
-    probes: tuple[Probe, ...]
+_FRAMEWORKS = ("langchain", "llamaindex")
+_IDS = frozenset((LANGCHAIN_ID, LLAMAINDEX_ID))
+_STORES = ("state.db", "archive.db")
+_FILES = (*_STORES, "langchain-history.jsonl", "llamaindex-chats.jsonl")
+_PROGRESS = "progress.json"
 
 
 def _turns(messages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -93,11 +91,10 @@ def _turns(messages: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]
 
 
 def builtin_script() -> Script:
-    """The built-in conversation (``demote/data/conversation.json``)."""
-    doc = json.loads(DATA.joinpath("conversation.json").read_text("utf-8"))
-    messages = tuple((m["role"], m["content"]) for m in doc["messages"])
-    probes = tuple(Probe(p["question"], p["answer"]) for p in doc["probes"])
-    return Script(f"built-in conversation {doc['name']!r}", _turns(messages), probes)
+    """The built-in conversation (:func:`~demote.cli.transcript.builtin_transcript`)."""
+    t = builtin_transcript()
+    probes = tuple(Probe(q.text, q.answer or "") for q in t.questions)
+    return Script(f"built-in conversation {t.name!r}", _turns(t.messages), probes)
 
 
 def _locomo_probes(t: Transcript, n: int = 4) -> tuple[Probe, ...]:
@@ -117,13 +114,20 @@ def _locomo_probes(t: Transcript, n: int = 4) -> tuple[Probe, ...]:
     return tuple(p for _, p in found[:n])
 
 
-def locomo_script(path: str | Path) -> Script:
+def locomo_script(path: str | Path, sample: str | None = None) -> Script:
     """A LoCoMo conversation file as a script (speaker names kept in the text).
 
+    Args:
+        path: A ``conv-N.json`` file or the published ``locomo10.json``.
+        sample: Which conversation of a file that holds several (default the first).
+
     Raises:
+        ConfigError: The file does not exist (the message says where to get it).
         TranscriptError: The file is not a LoCoMo conversation.
     """
-    t = load_transcript(path, format="locomo", with_speaker=True)
+    if not Path(path).is_file():
+        raise ConfigError(f"--locomo {path}: no such file. {LOCOMO_HINT}")
+    t = load_transcript(path, format="locomo", with_speaker=True, sample=sample)
     probes = _locomo_probes(t)
     if not probes:
         raise ConfigError(f"{path}: no question with early evidence to ask at the end")
@@ -147,189 +151,155 @@ def demo_policy(strategy: str = "bulk", policy_json: str | None = None) -> Slidi
     raise ConfigError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
-class CountingHook:
-    """Delivers to an archive, counting per conversation what it already held.
-
-    Args:
-        archive: The long tail (anything with ``deliver`` and ``has_keys``).
-    """
-
-    def __init__(self, archive: SQLiteArchive) -> None:
-        self.archive = archive
-        self.delivered: dict[str, int] = {}
-        self.redelivered: dict[str, int] = {}
-
-    def deliver(self, batch: Demotion) -> None:
-        """Count the batch's keys the archive already has, then deliver it."""
-        cid = batch.conversation_id
-        known = self.archive.has_keys(cid, [m.key for m in batch.messages])
-        self.archive.deliver(batch)
-        self.delivered[cid] = self.delivered.get(cid, 0) + len(batch)
-        self.redelivered[cid] = self.redelivered.get(cid, 0) + len(known)
-
-    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
-        """The archive's answer (the engine asks after a history rewrite)."""
-        return self.archive.has_keys(conversation_id, keys)
+def _halves(options: DemoOptions) -> list[ModuleType]:
+    """Import both framework halves and let each check its needs (nothing is created)."""
+    modules = [importlib.import_module(f"{name}_demote.demo") for name in _FRAMEWORKS]
+    for module in modules:
+        module.preflight(options)
+    return modules
 
 
 @dataclass
-class CallLog:
-    """What the model was sent: window sizes per call and the prompt-cache price.
+class _Folder:
+    """Where the demo folder stands: runs finished, the next turn, the run to play now."""
 
-    Args:
-        tokens: Counts message tokens (the policy's counter).
-    """
+    path: Path
+    source: str
+    runs: int = 0
+    next_turn: int = 0
 
-    tokens: TokenCache
-    meter: CacheMeter = field(default_factory=CacheMeter)
-    window_messages: list[int] = field(default_factory=list)
-    window_tokens: list[int] = field(default_factory=list)
-    last: list[tuple[str, str]] = field(default_factory=list)
-    full_from: int | None = None
-
-    def __call__(self, prompt: list[tuple[str, str]]) -> None:
-        """Record one prompt (``(role, text)`` pairs); the last user message is the input."""
-        priced = []
-        for role, text in prompt:
-            fp = fingerprint(role, text)
-            priced.append((fp, self.tokens.count(fp, text)))
-        self.meter.add(priced)
-        ask = max((i for i, (role, _) in enumerate(prompt) if role == "user"), default=0)
-        chat = [i for i, (role, _) in enumerate(prompt[:ask]) if role in ("user", "assistant")]
-        self.window_messages.append(len(chat))
-        self.window_tokens.append(sum(priced[i][1] for i in chat))
-        self.last = prompt
-
-    def mark_full(self) -> None:
-        """Note that the window no longer holds the whole chat (from the next call on)."""
-        if self.full_from is None:
-            self.full_from = len(self.window_messages)
-
-    def steady(self, values: list[int]) -> list[int]:
-        """``values`` from the first call whose window no longer held the whole chat."""
-        return values if self.full_from is None else values[self.full_from :] or values
-
-    def recalled(self) -> list[str]:
-        """The recalled lines of the last prompt (its recall system message)."""
-        for role, text in self.last:
-            if role == "system" and text.startswith(RECALL_HEADER):
-                return [line[2:] for line in text.splitlines()[1:] if line.startswith("- ")]
-        return []
+    def save(self, unfinished: bool) -> None:
+        doc: dict[str, Any] = {"source": self.source, "runs": self.runs}
+        doc["next_turn"] = self.next_turn
+        if unfinished:
+            doc["unfinished"] = True
+        try:
+            (self.path / _PROGRESS).write_text(json.dumps(doc) + "\n", "utf-8")
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.path / _PROGRESS}: {exc}") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class DemoOptions:
-    """What ``demote demo`` was asked to do (see ``demote demo --help``)."""
-
-    directory: Path = Path("demote-demo")
-    locomo: Path | None = None
-    strategy: str = "bulk"
-    policy: str | None = None
-    model: str | None = None
-    turns: int | None = None
-    progress: bool = True
+def _demo_files(directory: Path) -> list[Path]:
+    """The demo's own files in ``directory`` (SQLite side files included)."""
+    names = [*_FILES, *(f"{s}{x}" for s in _STORES for x in ("-wal", "-shm", "-journal"))]
+    return [directory / n for n in (*names, _PROGRESS) if (directory / n).exists()]
 
 
-@dataclass
-class PartResult:
-    """One framework's run, for the table."""
-
-    name: str
-    turns: int = 0
-    history: int = 0
-    log: CallLog | None = None
-    demoted: int = 0
-    archived: int = 0
-    redelivered: int = 0
-    seconds: float = 0.0
-    answer: str = ""
-    recalled: list[str] = field(default_factory=list)
+def _foreign_conversations(directory: Path) -> set[str]:
+    """Conversations in the folder's stores that no demo run wrote."""
+    found: set[str] = set()
+    if (directory / "state.db").exists():
+        with SQLiteStateStore(directory / "state.db") as state:
+            found |= set(state.conversations())
+    if (directory / "archive.db").exists():
+        with SQLiteArchive(directory / "archive.db") as archive:
+            found |= set(archive.conversations())
+    return found - _IDS
 
 
-class _NoBar:
-    """Stands in for a tqdm bar when tqdm is not installed."""
-
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        """Do nothing."""
-
-
-def _progress(options: DemoOptions, err: IO[str], total: int, desc: str) -> Any:
-    """A tqdm bar on ``err`` (off when not a TTY, with ``--no-progress`` or without tqdm)."""
+def _read_progress(path: Path) -> dict[str, Any]:
     try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    enabled = options.progress and err.isatty()
-    return tqdm(total=total, desc=desc, file=err, disable=not enabled, unit="turn", leave=False)
-
-
-def _state(directory: Path, script: Script) -> dict[str, Any]:
-    path = directory / "progress.json"
-    if not path.exists():
-        if any((directory / f).exists() for f in _FILES):
-            raise ConfigError(f"{directory} holds stores but no progress.json; use another --dir")
-        return {"source": script.name, "runs": 0, "next_turn": 0}
-    try:
-        state: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        doc = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as exc:
-        raise StoreError(f"cannot read {path}: {exc}") from exc
-    if state.get("source") != script.name:
-        raise ConfigError(
-            f"{directory} holds a demo of the {state.get('source')}; "
-            "use another --dir (or delete it) to play a different conversation"
+        raise StoreError(f"cannot read {path}: {exc}; run with --restart to start over") from exc
+    if not isinstance(doc, dict):
+        raise StoreError(f"cannot read {path}: not a JSON object; run with --restart")
+    return doc
+
+
+def _open_folder(options: DemoOptions, script: Script, err: IO[str]) -> _Folder:
+    """Read (or start) the demo folder; say on ``err`` if it resumes or starts over."""
+    directory = options.directory
+    folder = _Folder(directory, script.name)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"--dir {directory}: not a folder")
+    files = _demo_files(directory) if directory.is_dir() else []
+    if not files:
+        directory.mkdir(parents=True, exist_ok=True)
+        return folder
+    progress = directory / _PROGRESS
+    doc = _read_progress(progress) if progress.exists() else None
+    if doc is None:
+        foreign = _foreign_conversations(directory)
+        if foreign:
+            raise ConfigError(
+                f"{directory} holds stores that are not a demo's (conversations "
+                f"{', '.join(sorted(foreign)[:3])}); use another --dir"
+            )
+    if options.restart:
+        for path in files:
+            path.unlink()
+        err.write(f"demote demo: starting over in {directory}/ (--restart removed its files)\n")
+        return folder
+    if doc is None:
+        err.write(
+            f"demote demo: resuming the unfinished demo in {directory}/ (its stores are "
+            "kept; it has no progress.json, so the script starts at turn 1)\n"
         )
-    return state
+        return folder
+    if doc.get("source") != script.name:
+        raise ConfigError(
+            f"{directory} holds a demo of the {doc.get('source')}; run with --restart to "
+            "start over, or use another --dir to play a different conversation"
+        )
+    folder.runs, folder.next_turn = int(doc.get("runs", 0)), int(doc.get("next_turn", 0))
+    if doc.get("unfinished"):
+        err.write(
+            f"demote demo: resuming run {folder.runs + 1} in {directory}/, which stopped "
+            "before it finished (its stores are kept; nothing is delivered twice)\n"
+        )
+    return folder
 
 
 def run_demo(options: DemoOptions, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
-    """Run the demo and print its table to ``out`` (progress bars go to ``err``).
+    """Run the demo and print its table to ``out`` (notes and progress bars go to ``err``).
+
+    Everything the run needs is checked before the demo folder is touched, so a missing
+    extra or a bad ``--model`` leaves nothing behind.
 
     Raises:
-        ConfigError: Bad options (policy, strategy, conversation file, demo folder).
+        ConfigError: Bad options (policy, strategy, conversation file, demo folder, model).
         MissingExtraError: LangChain or LlamaIndex is not installed.
+        StoreError: The demo folder's files cannot be read or written.
     """
-    from demote.demo_run import play, print_table
-
     policy = demo_policy(options.strategy, options.policy)
-    script = builtin_script() if options.locomo is None else locomo_script(options.locomo)
     if options.turns is not None and options.turns < 1:
         raise ConfigError(f"--turns: must be >= 1, got {options.turns}")
-    directory = options.directory
-    directory.mkdir(parents=True, exist_ok=True)
-    progress = _state(directory, script)
+    if options.locomo is None:
+        script = builtin_script()
+    else:
+        script = locomo_script(options.locomo, options.sample)
+    halves = _halves(options)
+    folder = _open_folder(options, script, err)
     n = options.turns or len(script.turns)
-    first = int(progress["next_turn"]) % len(script.turns)
+    first = folder.next_turn % len(script.turns)
     turns = [script.turns[(first + i) % len(script.turns)] for i in range(n)]
-    probe = script.probes[int(progress["runs"]) % len(script.probes)]
-    summarizer = TemplateSummarizer(max_summary_tokens=300)
+    probe = script.probes[folder.runs % len(script.probes)]
+    folder.save(unfinished=True)
+    compact = isinstance(policy.eviction, Compact)
+    summarizer = TemplateSummarizer(max_summary_tokens=300) if compact else None
+    directory = options.directory
     with (
         SQLiteStateStore(directory / "state.db") as state,
         SQLiteArchive(directory / "archive.db") as archive,
     ):
         hook = CountingHook(archive)
-        compact = isinstance(policy.eviction, Compact)
-        demoter = Demoter(policy, hook, state=state, summarizer=summarizer if compact else None)
+        demoter = Demoter(policy, hook, state=state, summarizer=summarizer)
         started = time.perf_counter()
-        parts = [
-            play("langchain", demoter, hook, turns, probe, options, err),
-            play("llamaindex", demoter, hook, turns, probe, options, err),
+        parts: list[PartResult] = [
+            half.play(demoter, hook, turns, probe, options, err) for half in halves
         ]
-        progress.update(runs=int(progress["runs"]) + 1, next_turn=(first + n) % len(script.turns))
-        (directory / "progress.json").write_text(json.dumps(progress) + "\n", "utf-8")
-        print_table(
-            out,
-            script=script,
-            run=int(progress["runs"]),
-            policy=policy,
-            label=describe_policy(policy),
-            options=options,
-            probe=probe,
-            parts=parts,
-            seconds=time.perf_counter() - started,
-        )
+    folder.runs += 1
+    folder.next_turn = (first + n) % len(script.turns)
+    folder.save(unfinished=False)
+    print_table(
+        out,
+        script=script,
+        run=folder.runs,
+        policy=policy,
+        label=describe_policy(policy),
+        options=options,
+        probe=probe,
+        parts=parts,
+        seconds=time.perf_counter() - started,
+    )

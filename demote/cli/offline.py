@@ -12,7 +12,8 @@ show a model answering a late question from text that recall put back into its p
   in front of it answers the question. It never invents anything, so if the answer is
   quoted, the memory really delivered it.
 
-``demote.demo`` wraps it as a LangChain ``BaseChatModel`` and a LlamaIndex LLM.
+``langchain_demote.demo.OfflineChatModel`` and ``llamaindex_demote.demo.OfflineLLM`` wrap it
+as a LangChain chat model and a LlamaIndex LLM.
 """
 
 from __future__ import annotations
@@ -156,5 +157,7 @@ class OfflineResponder:
             return queue.popleft()
         self.grounded += 1
         context = [text for i, (_, text) in enumerate(messages) if i != last]
-        line = relevant_line(question, _lines(context))
+        asked = " ".join(question.split()).lower()
+        lines = [line for line in _lines(context) if " ".join(line.split()).lower() != asked]
+        line = relevant_line(question, lines)  # an earlier copy of the question answers nothing
         return UNKNOWN_REPLY if line is None else f'{GROUNDED_PREFIX}"{line}"'

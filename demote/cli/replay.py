@@ -8,7 +8,7 @@ is loaded through the engine, and the prompt is
 
 For each call the replay records the window's size (messages and tokens), what the call
 demoted, and the prompt as ``(fingerprint, tokens)`` pairs, which
-:class:`~demote.cachecost.CacheMeter` prices under provider prompt caching as it goes
+:class:`~demote.cli.cachecost.CacheMeter` prices under provider prompt caching as it goes
 (prompts are not kept, so a 100,000-message replay runs in bounded memory). Every message
 is described once (the engine caches records by message identity and the replay hands it
 the same record objects), so a call costs time in proportion to the window, not the
@@ -18,14 +18,16 @@ The *guaranteed context* of a run is the smallest window, in tokens, seen after 
 first stopped holding the whole conversation: what the model can count on once the
 conversation is long.
 
-``Compact``: given a ``summarizer`` (such as
-:class:`~demote.summarize.TemplateSummarizer`), the engine folds the marked groups into a
-running summary in the background; the replay waits for that work after every call
-(:meth:`~demote.Demoter.drain`), as if each summary were ready before the next turn, so
-runs are repeatable. Without a summarizer the engine falls back to bulk eviction at
-``limit + 2 * compact_count``; the replay then stands in a summary message of
+``Compact``: given a ``summarizer`` (such as :class:`~demote.TemplateSummarizer`), the
+engine folds the marked groups into a running summary in the background; the replay waits
+for that work after every call (:meth:`~demote.Demoter.drain`), as if each summary were
+ready before the next turn, so runs are repeatable. Without a summarizer nothing is
+summarized: the engine cuts the window back in bulk at ``limit + 2 * compact_count``
+(and would warn that ``Compact`` has no summarizer; a replay does this on purpose, so the
+warning is silenced here). The replay then prices a stand-in summary message of
 ``summary_tokens`` tokens after the first demotion, whose content changes every time the
-window start moves (as a re-written summary would).
+window start moves (as a re-written summary would), so the prompt-cache cost is that of a
+compacting memory.
 
 :class:`ReplayMeter` is the same bookkeeping for windows produced by something other than
 the engine (the benchmarks feed it LangChain's ``trim_messages`` and LlamaIndex's memory).
@@ -35,21 +37,29 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from demote.cachecost import PRICINGS, CacheCost, CacheMeter, Pricing, Prompt
+from demote.cli.cachecost import PRICINGS, CacheCost, CacheMeter, Pricing, Prompt
+from demote.cli.transcript import Transcript
 from demote.engine import Demoter, render_summary
 from demote.errors import ConfigError, MissingExtraError
 from demote.policy import Bulk, Compact, SlidingWindow
 from demote.records import MessageRecord, fingerprint
-from demote.transcript import Transcript
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ReplayMeter", "ReplayResult", "plot_windows", "replay"]
+__all__ = [
+    "SYSTEM_PROMPT_ID",
+    "ReplayMeter",
+    "ReplayResult",
+    "describe_policy",
+    "plot_windows",
+    "replay",
+]
 
 #: Fingerprint of the stand-in system prompt in every replayed prompt.
 SYSTEM_PROMPT_ID = "demote.replay:system-prompt"
@@ -71,7 +81,7 @@ class ReplayResult:
         guaranteed_tokens: Smallest window in tokens after the window first stopped
             holding the whole conversation; ``None`` if it never did.
         mean_prompt_tokens: Mean prompt size (system prompt, summary and window).
-        costs: Relative prompt cost under each pricing (see :mod:`demote.cachecost`).
+        costs: Relative prompt cost under each pricing (see :mod:`demote.cli.cachecost`).
         steady_costs: The same, counting only the calls from the first one whose window
             no longer held the whole conversation (the regime a long chat lives in); the
             cache is still warmed by the calls before it. Empty if that never happened.
@@ -94,7 +104,7 @@ class ReplayResult:
     series: tuple[int, ...] = ()
 
     def cost(self, pricing: str, *, steady: bool = False) -> CacheCost:
-        """The :class:`~demote.cachecost.CacheCost` under the pricing named ``pricing``.
+        """The :class:`~demote.cli.cachecost.CacheCost` under the pricing named ``pricing``.
 
         Args:
             pricing: The pricing's name (``"anthropic"``, ``"openai"``).
@@ -223,7 +233,8 @@ def replay(
     """Replay a transcript through a :class:`~demote.Demoter` with ``policy``.
 
     Args:
-        transcript: A :class:`~demote.transcript.Transcript` or ``(role, text)`` pairs.
+        transcript: A :class:`~demote.cli.transcript.Transcript` or ``(role, text)``
+            pairs.
         policy: The window policy to replay with.
         system_prompt_tokens: Size of the stand-in system prompt at the head of every
             prompt (``0`` for none).
@@ -246,7 +257,10 @@ def replay(
     if system_prompt_tokens < 0 or summary_tokens < 0:
         raise ConfigError("system_prompt_tokens and summary_tokens must be >= 0")
     pairs = transcript.messages if isinstance(transcript, Transcript) else transcript
-    demoter = Demoter(policy, hook, summarizer=summarizer)
+    with warnings.catch_warnings():
+        # Compact without a summarizer is what the stand-in summary models (see above).
+        warnings.filterwarnings("ignore", message="(?i).*summarizer")
+        demoter = Demoter(policy, hook, summarizer=summarizer)
     meter = ReplayMeter(label or describe_policy(policy), pricings, keep_series=keep_series)
     head: list[tuple[Hashable, int]] = []
     if system_prompt_tokens:

@@ -8,9 +8,14 @@ Three formats, none of which needs a framework installed:
 - ``"langchain"``: what ``langchain_core.messages.messages_to_dict`` writes, a JSON list
   (or JSONL) of ``{"type": "human"|"ai"|"system"|"tool", "data": {"content": ...}}``.
   Content given as a list of blocks keeps its text blocks, joined by newlines.
-- ``"locomo"``: one LoCoMo conversation file. ``speaker_a`` is the user, ``speaker_b`` the
-  assistant; sessions are read in order; each message keeps its ``dia_id`` and the ``qa``
-  list becomes :class:`Question` objects whose evidence points into the messages.
+- ``"locomo"``: a LoCoMo conversation: one ``conv-N.json``, or the published
+  ``locomo10.json`` (a list of ten; ``sample=`` picks one by its ``sample_id``, default the
+  first). ``speaker_a`` is the user, ``speaker_b`` the assistant; sessions are read in
+  order; each message keeps its ``dia_id`` and the ``qa`` list becomes :class:`Question`
+  objects whose evidence points into the messages.
+
+:func:`builtin_transcript` is the conversation that ships with the package (the one
+``demote demo`` plays), with its questions; it needs no download.
 
 A line that cannot be read raises :class:`~demote.errors.TranscriptError` naming its
 1-based line number (for a JSON list, the 1-based item number).
@@ -30,9 +35,11 @@ from demote.errors import TranscriptError
 from demote.records import ROLE_ALIASES, Role
 
 __all__ = [
+    "LOCOMO_HINT",
     "Format",
     "Question",
     "Transcript",
+    "builtin_transcript",
     "load_transcript",
     "parse_jsonl",
     "parse_locomo",
@@ -40,6 +47,14 @@ __all__ = [
 ]
 
 Format = Literal["auto", "jsonl", "langchain", "locomo"]
+
+#: Where to get the LoCoMo data (it is not part of the package).
+LOCOMO_HINT = (
+    "LoCoMo is not shipped with demote: get data/locomo10.json from the "
+    "snap-research/locomo repository on GitHub (research use), then pass its path"
+)
+#: The package data folder (the built-in conversation).
+DATA = Path(__file__).resolve().parent.parent / "data"
 
 _ROLES = ROLE_ALIASES
 # messages_to_dict writes message.type; chunks carry their class name.
@@ -249,18 +264,22 @@ def load_transcript(
     format: Format = "auto",
     with_speaker: bool = False,
     with_date: bool = False,
+    sample: str | None = None,
 ) -> Transcript:
     """Read a transcript file.
 
     Args:
         path: The file.
-        format: ``"auto"`` (default) picks by content: a JSON object with ``speaker_a`` is
-            LoCoMo, a JSON list is a message list, anything else is JSONL.
+        format: ``"auto"`` (default) picks by content: a JSON object with ``speaker_a`` (or
+            a list of such objects under ``"conversation"``) is LoCoMo, another JSON list
+            is a message list, anything else is JSONL.
         with_speaker: LoCoMo only: prefix texts with the speaker's name.
         with_date: LoCoMo only: prefix texts with the session date.
+        sample: LoCoMo only: the ``sample_id`` to read from a file of several
+            conversations (``locomo10.json``); default the first.
 
     Raises:
-        TranscriptError: The file cannot be read as a transcript.
+        TranscriptError: The file cannot be read as a transcript, or has no such sample.
     """
     p = Path(path)
     try:
@@ -272,6 +291,9 @@ def load_transcript(
             doc = json.loads(text)
         except json.JSONDecodeError:
             doc = None  # perhaps JSONL; let the line reader name the bad line
+        if isinstance(doc, list) and _is_locomo_set(doc):
+            doc, name = _pick_sample(doc, sample, p)
+            return parse_locomo(doc, with_speaker=with_speaker, with_date=with_date, name=name)
         if isinstance(doc, Mapping) and (format == "locomo" or "speaker_a" in doc):
             return parse_locomo(doc, with_speaker=with_speaker, with_date=with_date, name=p.stem)
         if isinstance(doc, list) and format != "locomo":
@@ -279,3 +301,39 @@ def load_transcript(
     if format == "locomo":
         raise TranscriptError(f"{p} is not a LoCoMo conversation (a JSON object)")
     return parse_jsonl(text.splitlines(), name=p.stem)
+
+
+def _is_locomo_set(doc: list[Any]) -> bool:
+    first = doc[0] if doc else None
+    conv = first.get("conversation") if isinstance(first, Mapping) else None
+    return isinstance(conv, Mapping) and "speaker_a" in conv
+
+
+def _pick_sample(doc: list[Any], sample: str | None, path: Path) -> tuple[Any, str]:
+    ids = [str(item.get("sample_id", n)) for n, item in enumerate(doc, 1)]
+    if sample is None:
+        return doc[0], ids[0]
+    if sample not in ids:
+        raise TranscriptError(f"{path}: no sample {sample!r}; it has {', '.join(ids)}")
+    return doc[ids.index(sample)], sample
+
+
+def builtin_transcript() -> Transcript:
+    """The conversation that ships with demote (``demote/data/conversation.json``).
+
+    600 messages of a generated everyday chat whose early facts (a locker code, a cat's
+    name, an allergy, a date) are asked about at the end. Each question's evidence is the
+    first user message that states its answer. No download needed.
+    """
+    doc = json.loads(DATA.joinpath("conversation.json").read_text("utf-8"))
+    messages = tuple((_ROLES[m["role"]], str(m["content"])) for m in doc["messages"])
+    questions = []
+    for probe in doc["probes"]:
+        answer = str(probe["answer"])
+        said = next(
+            i
+            for i, (role, text) in enumerate(messages)
+            if role == "user" and answer.lower() in text.lower()
+        )
+        questions.append(Question(str(probe["question"]), (said,), answer=answer))
+    return Transcript(tuple(messages), tuple(questions), "builtin", (), str(doc["name"]))
