@@ -309,17 +309,20 @@ def plot_windows(
     *,
     title: str = "Active window over a replay",
     limit: int | None = None,
+    ax: Any = None,
 ) -> Figure:
     """Plot window size (tokens) over calls, one line per result.
 
     Args:
         results: Replays to draw (each needs its ``series``).
-        path: Save the figure there (PNG by extension) if given.
-        title: The figure's title.
+        path: Save the figure there (the format follows the suffix: .png, .svg, .pdf).
+        title: The plot's title.
         limit: Draw the policy limit as a dashed line.
+        ax: Draw on this matplotlib ``Axes`` (in a notebook, one from
+            ``plt.subplots()``, then ``plt.show()``) instead of a new figure.
 
     Returns:
-        The matplotlib figure (no pyplot state is touched).
+        The matplotlib figure (without ``ax``, a new one: no pyplot state is touched).
 
     Raises:
         MissingExtraError: matplotlib is not installed (``pip install 'demote[plot]'``).
@@ -328,8 +331,11 @@ def plot_windows(
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingExtraError("matplotlib", "plot") from exc
-    fig = Figure(figsize=(9, 4.5), layout="constrained")
-    ax: Any = fig.add_subplot()
+    if ax is None:
+        fig = Figure(figsize=(9, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
     for r in results:
         ax.plot(range(1, len(r.series) + 1), r.series, label=r.label, linewidth=1)
     if limit is not None:
