@@ -60,7 +60,6 @@ from demote.summarize import TemplateSummarizer
 
 __all__ = [
     "STRATEGIES",
-    "DemoOptions",
     "builtin_script",
     "demo_policy",
     "locomo_script",
