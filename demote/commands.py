@@ -1,21 +1,4 @@
 """Moved to :mod:`demote.cli.commands`; this old import path re-exports it."""
 
-from demote.cli.commands import (
-    DEFAULT_POLICIES,
-    RecallScore,
-    inspect_stores,
-    parse_policies,
-    recall_score,
-    replay_transcript,
-    search_archive,
-)
-
-__all__ = [
-    "DEFAULT_POLICIES",
-    "RecallScore",
-    "inspect_stores",
-    "parse_policies",
-    "recall_score",
-    "replay_transcript",
-    "search_archive",
-]
+from demote.cli.commands import *  # noqa: F403
+from demote.cli.commands import __all__ as __all__

@@ -1,41 +1,8 @@
 """Moved to :mod:`demote.cli.demo` and :mod:`demote.cli.demo_parts`; re-exported here."""
 
-from demote.cli.demo import (
-    STRATEGIES,
-    DemoOptions,
-    builtin_script,
-    demo_policy,
-    locomo_script,
-    run_demo,
-)
-from demote.cli.demo_parts import (
-    LANGCHAIN_ID,
-    LLAMAINDEX_ID,
-    RECALL_HEADER,
-    CallLog,
-    CountingHook,
-    PartResult,
-    Probe,
-    Script,
-    finish,
-    progress_bar,
-)
+from demote.cli.demo import *  # noqa: F403
+from demote.cli.demo import __all__ as _demo_all
+from demote.cli.demo_parts import *  # noqa: F403
+from demote.cli.demo_parts import __all__ as _parts_all
 
-__all__ = [
-    "STRATEGIES",
-    "DemoOptions",
-    "builtin_script",
-    "demo_policy",
-    "locomo_script",
-    "run_demo",
-    "LANGCHAIN_ID",
-    "LLAMAINDEX_ID",
-    "RECALL_HEADER",
-    "CallLog",
-    "CountingHook",
-    "PartResult",
-    "Probe",
-    "Script",
-    "finish",
-    "progress_bar",
-]
+__all__ = _demo_all + _parts_all

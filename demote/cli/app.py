@@ -37,7 +37,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from demote.cli.demo import DemoOptions, run_demo
+    from demote.cli.demo import run_demo
+    from demote.cli.demo_parts import DemoOptions
 
     run_demo(
         DemoOptions(

@@ -222,15 +222,31 @@ def _chat(n: int) -> list[tuple[str, str]]:
 SMALL = '{"unit": "tokens", "limit": 400, "eviction": {"kind": "bulk", "overflow": 200}}'
 
 
+def chat_file(folder: Path, turns: int) -> Path:
+    path = folder / "chat.jsonl"
+    lines = [json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(turns)]
+    path.write_text("".join(lines))
+    return path
+
+
 def test_replay_jsonl(tmp_path: Path) -> None:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("".join(json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(60)))
+    path = chat_file(tmp_path, 60)
     proc = run("replay", str(path), "--policy", SMALL, "--policy",
                '{"unit": "turns", "limit": 5}', cwd=tmp_path, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "jsonl, 120 messages" in proc.stdout
     assert "tokens<=400, bulk(+200)" in proc.stdout and "turns<=5, per_item" in proc.stdout
     assert "recall@" not in proc.stdout  # no questions in a plain chat
+    table = proc.stdout.split("\n\n")[1].splitlines()
+    assert len(table) == 3
+    # Right-aligned columns: every line of the table ends at the same place.
+    assert len({len(line) for line in table}) == 1, table
+    assert proc.stderr.splitlines() == [
+        "demote replay: [1/2] tokens<=400, bulk(+200)",
+        "demote replay: [2/2] turns<=5, per_item",
+    ]
+    quiet = run("replay", str(path), "--no-progress", cwd=tmp_path, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_replay_langchain_dicts_with_default_policies(tmp_path: Path) -> None:
@@ -256,27 +272,8 @@ def test_replay_locomo_reports_recall_and_plots(tmp_path: Path) -> None:
     assert plot.is_file() and plot.stat().st_size > 1000
 
 
-def test_replay_right_aligns_numbers_and_shows_progress_on_stderr(tmp_path: Path) -> None:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("".join(json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(60)))
-    proc = run("replay", str(path), "--policy", SMALL, "--policy",
-               '{"unit": "turns", "limit": 5}', cwd=tmp_path, timeout=60)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    table = proc.stdout.split("\n\n")[1].splitlines()
-    assert len(table) == 3
-    # Right-aligned columns: every line of the table ends at the same place.
-    assert len({len(line) for line in table}) == 1, table
-    assert proc.stderr.splitlines() == [
-        "demote replay: [1/2] tokens<=400, bulk(+200)",
-        "demote replay: [2/2] turns<=5, per_item",
-    ]
-    quiet = run("replay", str(path), "--no-progress", cwd=tmp_path, timeout=60)
-    assert quiet.returncode == 0 and quiet.stderr == ""
-
-
 def test_replay_compact_with_the_template_summarizer(tmp_path: Path) -> None:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("".join(json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(60)))
+    path = chat_file(tmp_path, 60)
     compact = (
         '{"unit": "tokens", "limit": 400, "eviction": {"kind": "compact", "compact_count": 200}}'
     )
@@ -289,8 +286,7 @@ def test_replay_compact_with_the_template_summarizer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["out.txt", "out", "missing/out.png"])
 def test_a_plot_that_cannot_be_written_fails_before_the_replay(tmp_path: Path, name: str) -> None:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("".join(json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(5)))
+    path = chat_file(tmp_path, 5)
     proc = run("replay", str(path), "--plot", name, cwd=tmp_path, timeout=30)
     assert "--plot" in one_line_error(proc)
     assert proc.stdout == ""  # nothing was replayed

@@ -14,7 +14,8 @@ pytest.importorskip("llama_index.core")
 
 import llamaindex_demote.demo as llamaindex_half
 from demote import ConfigError, ConversationState, SQLiteStateStore
-from demote.cli.demo import DemoOptions, run_demo
+from demote.cli.demo import run_demo
+from demote.cli.demo_parts import DemoOptions
 
 TURNS = 24
 
@@ -30,11 +31,16 @@ def history_lines(folder: Path) -> int:
     return len((folder / "langchain-history.jsonl").read_text().splitlines())
 
 
-def crash_in_the_llamaindex_half(monkeypatch: pytest.MonkeyPatch) -> None:
-    def play(*args: object) -> None:
-        raise KeyboardInterrupt  # as if the user pressed Ctrl-C half-way
+def crashed_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped in the LlamaIndex half, as if the user pressed Ctrl-C half-way."""
 
-    monkeypatch.setattr(llamaindex_half, "play", play)
+    def play(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(llamaindex_half, "play", play)
+        with pytest.raises(KeyboardInterrupt):
+            demo(folder)
 
 
 def test_a_bad_model_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -57,10 +63,7 @@ def test_a_bad_policy_or_turns_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_an_unfinished_run_is_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "demo"
-    with monkeypatch.context() as patch:
-        crash_in_the_llamaindex_half(patch)
-        with pytest.raises(KeyboardInterrupt):
-            demo(folder)
+    crashed_run(folder, monkeypatch)
     progress = json.loads((folder / "progress.json").read_text())
     assert progress == {"source": progress["source"], "runs": 0, "next_turn": 0, "unfinished": True}
     assert history_lines(folder) == 2 * (TURNS + 1)  # the LangChain half had finished
@@ -79,10 +82,7 @@ def test_an_unfinished_run_is_resumed(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_restart_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / "demo"
-    with monkeypatch.context() as patch:
-        crash_in_the_llamaindex_half(patch)
-        with pytest.raises(KeyboardInterrupt):
-            demo(folder)
+    crashed_run(folder, monkeypatch)
     out, err = demo(folder, restart=True)
     assert "starting over" in err
     assert "run 1:" in out and "re-delivered: 0" in out
