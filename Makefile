@@ -10,7 +10,7 @@ export LANGSMITH_TRACING := false
 export LANGCHAIN_TRACING_V2 := false
 export ANONYMIZED_TELEMETRY := False
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest docs docs-strict bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(BIN)/demote demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check demote langchain_demote llamaindex_demote tests bench
-	$(BIN)/ruff format --check demote langchain_demote llamaindex_demote tests bench
+	$(BIN)/ruff check demote langchain_demote llamaindex_demote tests bench docs
+	$(BIN)/ruff format --check demote langchain_demote llamaindex_demote tests bench docs
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -31,10 +31,19 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+# The documentation site (docs/, Sphinx): open docs/_build/html/index.html.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
+# What `make test` runs: from scratch, warnings are errors, every reference must resolve.
+docs-strict: $(STAMP)
+	$(BIN)/sphinx-build -q -E -W --keep-going -n -b html docs docs/_build/html
+
+test: lint typecheck docs-strict pytest
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache demote-demo
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache demote-demo docs/_build

@@ -1,8 +1,13 @@
 """demote: a bounded active window, with what falls out demoted exactly once.
 
 The shared, framework-free core. Adapters live in ``langchain_demote`` and
-``llamaindex_demote``; nothing here imports LangChain, LlamaIndex or mem0.
+``llamaindex_demote``; nothing here imports LangChain, LlamaIndex or mem0. The ``demote``
+command and the tools it is built from (transcript replay, prompt-cache pricing) live in
+:mod:`demote.cli`.
 """
+
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
 from demote.engine import Demoter, Window
@@ -19,6 +24,7 @@ from demote.errors import (
     TranscriptError,
 )
 from demote.events import ConversationStats, DemoteEvent, DemoterStats
+from demote.hooks.archive import SQLiteArchive
 from demote.hooks.simple import CallbackHook, FanOutHook, NoopHook
 from demote.planner import Plan, plan
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
@@ -78,6 +84,7 @@ __all__ = [
     "Recalled",
     "Recorder",
     "RedisStateStore",
+    "SQLiteArchive",
     "SQLiteOutbox",
     "SQLiteStateStore",
     "SlidingWindow",
@@ -89,3 +96,9 @@ __all__ = [
     "Window",
     "plan",
 ]
+
+try:
+    #: The installed distribution's version (``demote --version`` prints it).
+    __version__: str = _version("demote")
+except _PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,6 +1,6 @@
 """The LangChain half of ``demote demo``: an offline chat model, a file history, the chain.
 
-Loaded by name from :mod:`demote.demo_run` (and used by the notebooks), so the core never
+Loaded by name from :mod:`demote.cli.demo` (and used by the notebooks), so the core never
 imports LangChain. Everything here is ordinary LangChain: an existing
 ``RunnableWithMessageHistory`` chain gains demotion only by wrapping its history factory
 with :func:`langchain_demote.with_demotion`.
@@ -43,16 +43,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("langchain-core", "langchain") from exc
 
-from demote.demo import RECALL_HEADER
+from demote.cli.demo_parts import (
+    LANGCHAIN_ID,
+    RECALL_HEADER,
+    CallLog,
+    PartResult,
+    finish,
+    progress_bar,
+)
+from demote.cli.offline import SYSTEM_PROMPT, OfflineResponder
 from demote.engine import Demoter
 from demote.errors import ConfigError, StoreError
 from demote.hooks.base import Recall
-from demote.offline import SYSTEM_PROMPT, OfflineResponder
 from demote.records import Recalled
 from langchain_demote.messages import message_role, message_text
 
 if TYPE_CHECKING:
-    from demote.demo import CountingHook, DemoOptions, PartResult, Probe
+    from demote.cli.demo_parts import CountingHook, DemoOptions, Probe
 
 __all__ = [
     "RECALL_HEADER",
@@ -61,6 +68,7 @@ __all__ = [
     "build_chain",
     "pairs",
     "play",
+    "preflight",
 ]
 
 
@@ -76,7 +84,7 @@ def pairs(messages: Iterable[BaseMessage]) -> list[tuple[str, str]]:
 class OfflineChatModel(BaseChatModel):
     """A LangChain chat model that answers only from its prompt (no network, no key).
 
-    It wraps an :class:`~demote.offline.OfflineResponder`: recorded replies of a replayed
+    It wraps an :class:`~demote.cli.offline.OfflineResponder`: recorded replies of a replayed
     conversation are said as written; any other question gets the most relevant line of
     the prompt, quoted.
 
@@ -227,8 +235,18 @@ def _chat_model(options: DemoOptions, responder: OfflineResponder) -> Any:
         ) from exc
     try:
         return init_chat_model(options.model)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(f"--model {options.model!r}: {exc}") from exc
+    except Exception as exc:  # a missing provider package, an unknown name, no API key
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--model {options.model!r}: {first}") from exc
+
+
+def preflight(options: DemoOptions) -> None:
+    """Check what this half needs before the demo creates anything: the model.
+
+    Raises:
+        ConfigError: ``--model`` names a model that cannot be built here.
+    """
+    _chat_model(options, OfflineResponder())
 
 
 def play(
@@ -240,8 +258,6 @@ def play(
     err: IO[str],
 ) -> PartResult:
     """Play ``turns`` and the probe through a ``RunnableWithMessageHistory`` chain."""
-    from demote.demo import CallLog, PartResult, _progress
-    from demote.demo_run import LANGCHAIN_ID, finish
     from langchain_demote.history import with_demotion
 
     started = time.perf_counter()
@@ -263,7 +279,7 @@ def play(
         observe=log,
     )
     config: Any = {"configurable": {"session_id": LANGCHAIN_ID}}
-    with _progress(options, err, len(turns), "LangChain ") as bar:
+    with progress_bar(options.progress, err, len(turns), "LangChain ") as bar:
         for user, _ in turns:
             if demoter.state_of(LANGCHAIN_ID).window_start > 0:
                 log.mark_full()

@@ -1,6 +1,6 @@
 """The LlamaIndex half of ``demote demo``: an offline LLM and a chat store kept in a file.
 
-Loaded by name from :mod:`demote.demo_run` (and used by the notebooks), so the core never
+Loaded by name from :mod:`demote.cli.demo` (and used by the notebooks), so the core never
 imports LlamaIndex. The LLM reports itself as function-calling, so it also drives a
 ``FunctionAgent``; it never calls a tool, it answers from what the memory gave it.
 """
@@ -24,15 +24,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("llama-index-core", "llamaindex") from exc
 
+from demote.cli.demo_parts import LLAMAINDEX_ID, CallLog, PartResult, finish, progress_bar
+from demote.cli.offline import SYSTEM_PROMPT, OfflineResponder
 from demote.engine import Demoter
 from demote.errors import StoreError
-from demote.offline import SYSTEM_PROMPT, OfflineResponder
 from llamaindex_demote.messages import core_role, text_of
 
 if TYPE_CHECKING:
-    from demote.demo import CountingHook, DemoOptions, PartResult, Probe
+    from demote.cli.demo_parts import CountingHook, DemoOptions, Probe
 
-__all__ = ["JSONLChatStore", "OfflineLLM", "pairs", "play"]
+__all__ = ["JSONLChatStore", "OfflineLLM", "pairs", "play", "preflight"]
 
 #: Observes one model call: ``(prompt as (role, text) pairs)``.
 PromptObserver = Callable[[list[tuple[str, str]]], None]
@@ -46,7 +47,7 @@ def pairs(messages: Sequence[ChatMessage]) -> list[tuple[str, str]]:
 class OfflineLLM(MockFunctionCallingLLM):
     """A LlamaIndex LLM that answers only from the messages it is given.
 
-    It wraps an :class:`~demote.offline.OfflineResponder` (recorded replies, else the most
+    It wraps an :class:`~demote.cli.offline.OfflineResponder` (recorded replies, else the most
     relevant line of its prompt, quoted). It is built on LlamaIndex's own
     ``MockFunctionCallingLLM``, so chat engines and ``FunctionAgent`` both accept it.
 
@@ -155,6 +156,14 @@ class JSONLChatStore(SimpleChatStore):
         return out
 
 
+def preflight(options: DemoOptions) -> None:
+    """Check what this half needs before the demo creates anything.
+
+    Importing this module already checked ``llama-index-core``; the LlamaIndex half always
+    uses the offline LLM (``--model`` is for the LangChain half), so nothing else is needed.
+    """
+
+
 def play(
     demoter: Demoter,
     hook: CountingHook,
@@ -166,8 +175,6 @@ def play(
     """Play ``turns`` and the probe through a ``SimpleChatEngine`` with DemotingMemory."""
     from llama_index.core.chat_engine import SimpleChatEngine
 
-    from demote.demo import CallLog, PartResult, _progress
-    from demote.demo_run import LLAMAINDEX_ID, finish
     from llamaindex_demote.memory import DemotingMemory
 
     started = time.perf_counter()
@@ -182,7 +189,7 @@ def play(
         recall_k=3,
     )
     engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=SYSTEM_PROMPT)
-    with _progress(options, err, len(turns), "LlamaIndex") as bar:
+    with progress_bar(options.progress, err, len(turns), "LlamaIndex") as bar:
         for user, _ in turns:
             if demoter.state_of(LLAMAINDEX_ID).window_start > 0:
                 log.mark_full()

@@ -86,3 +86,31 @@ def test_adapter_all(package: str) -> None:
     if not hasattr(module, "__all__"):
         pytest.skip(f"{package} does not define __all__ yet")
     check_all(module)
+
+
+def test_version_and_archive_at_the_top() -> None:
+    from importlib.metadata import version
+
+    from demote.hooks.archive import SQLiteArchive
+
+    assert demote.__version__ == version("demote")
+    assert demote.SQLiteArchive is SQLiteArchive and "SQLiteArchive" in demote.__all__
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("demote.replay", "demote.cli.replay"),
+        ("demote.transcript", "demote.cli.transcript"),
+        ("demote.cachecost", "demote.cli.cachecost"),
+        ("demote.offline", "demote.cli.offline"),
+        ("demote.commands", "demote.cli.commands"),
+        ("demote.demo", "demote.cli.demo"),
+        ("demote.demo", "demote.cli.demo_parts"),
+    ],
+)
+def test_moved_modules_keep_their_old_paths(old: str, new: str) -> None:
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    check_all(after, sort=False)
+    for name in after.__all__:
+        assert getattr(before, name) is getattr(after, name), f"{old}.{name}"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from demote import Bulk, CallbackHook, Compact, Demotion, PerItem, SlidingWindow
+from demote.cli.replay import ReplayMeter, plot_windows, replay
+from demote.cli.transcript import Transcript
 from demote.errors import ConfigError, MissingExtraError
-from demote.replay import ReplayMeter, plot_windows, replay
-from demote.transcript import Transcript
 
 
 # Every text is 36 characters: 9 tokens + 3 overhead = 12 tokens a message.

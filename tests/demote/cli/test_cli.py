@@ -1,14 +1,16 @@
 """The ``demote`` command line, run through its installed entry point in a subprocess.
 
-Covers ``demo`` (twice in one folder: the second run continues and re-delivers nothing),
-``replay`` on each transcript format, ``inspect`` and ``search`` on the demo's stores, and
-the one-line errors (exit code 2, never a traceback).
+Covers ``demo`` (twice in one folder: the second run continues and re-delivers nothing;
+its checks before anything is created; resuming or restarting an unfinished folder),
+``replay`` on each transcript format, ``inspect`` and ``search`` on the demo's stores, the
+one-line errors (exit code 2, never a traceback) and the layout of the tables.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-LOCOMO = REPO.parent / "shared" / "data" / "locomo"
+REPO = Path(__file__).resolve().parents[3]
+LOCOMO = Path(os.environ.get("DEMOTE_LOCOMO") or REPO.parent / "shared" / "data" / "locomo")
 LOCOMO_FILE = LOCOMO / "conv-26.json"
 needs_locomo = pytest.mark.skipif(
     not LOCOMO_FILE.is_file(), reason=f"LoCoMo data not found at {LOCOMO} (../shared/data/locomo)"
 )
+# The LoCoMo files are not part of the package: tests read them from ../shared, never copy.
 
 
 def _command() -> list[str]:
@@ -30,7 +33,9 @@ def _command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "demote.cli"]
 
 
-def run(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cwd: Path, timeout: float = 120, pythonpath: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "MEM0_TELEMETRY": "False",
@@ -41,6 +46,8 @@ def run(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProc
     }
     for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         env.pop(key, None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return subprocess.run(
         [*_command(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -113,6 +120,20 @@ def test_demo_plays_a_locomo_file(tmp_path: Path) -> None:
     assert "re-delivered: 0" in proc.stdout
 
 
+def test_demo_checks_the_extras_before_creating_anything(tmp_path: Path) -> None:
+    # A LlamaIndex that cannot be imported, as in a `demote[langchain]`-only environment.
+    blocker = tmp_path / "blocker" / "llama_index"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    proc = run("demo", "--turns", "5", cwd=tmp_path, pythonpath=str(blocker.parent))
+    assert "pip install 'demote[llamaindex]'" in one_line_error(proc)
+    assert not (tmp_path / "demote-demo").exists()
+    # Once the extra is there, the same command just works.
+    proc = run("demo", "--turns", "5", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "run 1:" in proc.stdout
+
+
 def test_demo_refuses_another_conversation_in_the_same_folder(
     demo_runs: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
@@ -122,7 +143,8 @@ def test_demo_refuses_another_conversation_in_the_same_folder(
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
     proc = run("demo", "--dir", str(copy), "--locomo", str(LOCOMO_FILE), cwd=tmp_path)
-    assert "use another --dir" in one_line_error(proc)
+    line = one_line_error(proc)
+    assert "use another --dir" in line and "--restart" in line
 
 
 # --------------------------------------------------------------------------- inspect, search
@@ -159,6 +181,27 @@ def test_search_finds_the_early_fact(demo_runs: tuple[Path, list[str]]) -> None:
     assert first.startswith("1. ") and "4512" in first
 
 
+def test_inspect_an_unknown_conversation_fails(demo_runs: tuple[Path, list[str]]) -> None:
+    folder, _ = demo_runs
+    proc = run("inspect", "--state", "state.db", "--archive", "archive.db", "nope",
+               cwd=folder, timeout=30)  # fmt: skip
+    line = one_line_error(proc)
+    assert "unknown conversation 'nope'" in line and "demo-langchain" in line
+    assert proc.stdout == ""
+
+
+def test_inspect_right_aligns_numbers(demo_runs: tuple[Path, list[str]]) -> None:
+    folder, _ = demo_runs
+    proc = run("inspect", "--state", "state.db", "--archive", "archive.db", cwd=folder,
+               timeout=30)  # fmt: skip
+    header, *rows = proc.stdout.splitlines()
+    # Every column after the first (the conversation id) ends where its header ends.
+    ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", header)][1:]
+    assert len(ends) == 5
+    for row in rows:
+        assert [m.end() for m in re.finditer(r"\S+", row)][1:] == ends, (header, row)
+
+
 def test_missing_store_is_a_one_line_error(tmp_path: Path) -> None:
     proc = run("inspect", "--state", "nope.db", cwd=tmp_path, timeout=30)
     assert "nope.db: no such file" in one_line_error(proc)
@@ -179,15 +222,31 @@ def _chat(n: int) -> list[tuple[str, str]]:
 SMALL = '{"unit": "tokens", "limit": 400, "eviction": {"kind": "bulk", "overflow": 200}}'
 
 
+def chat_file(folder: Path, turns: int) -> Path:
+    path = folder / "chat.jsonl"
+    lines = [json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(turns)]
+    path.write_text("".join(lines))
+    return path
+
+
 def test_replay_jsonl(tmp_path: Path) -> None:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("".join(json.dumps({"role": r, "content": t}) + "\n" for r, t in _chat(60)))
+    path = chat_file(tmp_path, 60)
     proc = run("replay", str(path), "--policy", SMALL, "--policy",
                '{"unit": "turns", "limit": 5}', cwd=tmp_path, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "jsonl, 120 messages" in proc.stdout
     assert "tokens<=400, bulk(+200)" in proc.stdout and "turns<=5, per_item" in proc.stdout
     assert "recall@" not in proc.stdout  # no questions in a plain chat
+    table = proc.stdout.split("\n\n")[1].splitlines()
+    assert len(table) == 3
+    # Right-aligned columns: every line of the table ends at the same place.
+    assert len({len(line) for line in table}) == 1, table
+    assert proc.stderr.splitlines() == [
+        "demote replay: [1/2] tokens<=400, bulk(+200)",
+        "demote replay: [2/2] turns<=5, per_item",
+    ]
+    quiet = run("replay", str(path), "--no-progress", cwd=tmp_path, timeout=60)
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 def test_replay_langchain_dicts_with_default_policies(tmp_path: Path) -> None:
@@ -199,7 +258,8 @@ def test_replay_langchain_dicts_with_default_policies(tmp_path: Path) -> None:
     proc = run("replay", str(path), cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "langchain, 300 messages" in proc.stdout
-    assert "tokens<=2000, compact(1000)" in proc.stdout
+    assert "tokens<=2000, compact(1000), no summarizer" in proc.stdout
+    assert "compact, no summarizer: nothing is summarized" in proc.stdout
 
 
 @needs_locomo
@@ -210,6 +270,26 @@ def test_replay_locomo_reports_recall_and_plots(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "locomo" in proc.stdout and "recall@5" in proc.stdout
     assert plot.is_file() and plot.stat().st_size > 1000
+
+
+def test_replay_compact_with_the_template_summarizer(tmp_path: Path) -> None:
+    path = chat_file(tmp_path, 60)
+    compact = (
+        '{"unit": "tokens", "limit": 400, "eviction": {"kind": "compact", "compact_count": 200}}'
+    )
+    proc = run("replay", str(path), "--policy", compact, "--summarizer", "template",
+               cwd=tmp_path, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens<=400, compact(200), template summary" in proc.stdout
+    assert "no summarizer" not in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out", "missing/out.png"])
+def test_a_plot_that_cannot_be_written_fails_before_the_replay(tmp_path: Path, name: str) -> None:
+    path = chat_file(tmp_path, 5)
+    proc = run("replay", str(path), "--plot", name, cwd=tmp_path, timeout=30)
+    assert "--plot" in one_line_error(proc)
+    assert proc.stdout == ""  # nothing was replayed
 
 
 def test_malformed_transcript_names_the_line(tmp_path: Path) -> None:
@@ -245,6 +325,16 @@ def test_missing_transcript_and_bad_arguments(tmp_path: Path) -> None:
     line = one_line_error(run("demo", "--strategy", "fast", cwd=tmp_path, timeout=30))
     assert "--strategy" in line
     assert "required" in one_line_error(run(cwd=tmp_path, timeout=30))
+
+
+def test_version(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    import demote
+
+    proc = run("--version", cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"demote {version('demote')}" == f"demote {demote.__version__}"
 
 
 def test_help_lists_the_subcommands(tmp_path: Path) -> None:

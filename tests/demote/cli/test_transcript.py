@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from demote.errors import TranscriptError
-from demote.transcript import (
+from demote.cli.transcript import (
     Question,
+    builtin_transcript,
     load_transcript,
     parse_jsonl,
     parse_locomo,
     parse_messages,
 )
+from demote.errors import TranscriptError
 
-LOCOMO = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo"
+LOCOMO = Path(
+    os.environ.get("DEMOTE_LOCOMO")
+    or Path(__file__).resolve().parents[4] / "shared" / "data" / "locomo"
+)
 
 TINY_LOCOMO = {
     "speaker_a": "Ann",
@@ -186,3 +191,32 @@ def test_real_locomo_file() -> None:
     assert t.questions
     for q in t.questions:
         assert all(0 <= i < len(t) for i in q.evidence)
+
+
+def test_published_locomo_set_picks_a_sample(tmp_path: Path) -> None:
+    # locomo10.json, as published, is a list of samples, each nesting its conversation.
+    other = {**TINY_LOCOMO, "speaker_a": "Cy", "session_1": [{"speaker": "Cy", "text": "yo"}]}
+    samples = [
+        {"sample_id": "conv-1", "conversation": TINY_LOCOMO, "qa": TINY_LOCOMO["qa"]},
+        {"sample_id": "conv-2", "conversation": other, "qa": []},
+    ]
+    path = tmp_path / "locomo10.json"
+    path.write_text(json.dumps(samples))
+    first = load_transcript(path)
+    assert first.source_format == "locomo" and first.name == "conv-1"
+    assert first.messages[0] == ("user", "hi") and len(first.questions) == 2
+    second = load_transcript(path, sample="conv-2")
+    assert second.name == "conv-2" and second.messages[0] == ("user", "yo")
+    with pytest.raises(TranscriptError, match=r"no sample 'conv-9'; it has conv-1, conv-2"):
+        load_transcript(path, sample="conv-9")
+
+
+def test_builtin_transcript_needs_no_download() -> None:
+    t = builtin_transcript()
+    assert len(t) == 600 and t.source_format == "builtin"
+    assert [q.answer for q in t.questions] == ["4512", "Miso", "cashew", "14th of June"]
+    for q in t.questions:
+        (said,) = q.evidence
+        role, text = t.messages[said]
+        assert role == "user" and q.answer is not None and q.answer.lower() in text.lower()
+        assert said < 20  # early facts, asked about at the end

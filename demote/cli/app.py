@@ -1,8 +1,9 @@
 """The ``demote`` command line: ``demo``, ``replay``, ``inspect`` and ``search``.
 
-Argument parsing only; each subcommand calls one function of :mod:`demote.demo` or
-:mod:`demote.commands`. Every user error (a bad policy, a missing file, an unreadable
-transcript line) is printed as one line, ``demote: error: ...``, with exit code 2.
+Argument parsing only; each subcommand calls one function of :mod:`demote.cli.demo` or
+:mod:`demote.cli.commands`. Every user error (a bad policy, a missing file, an unreadable
+transcript line, an unknown conversation) is printed as one line, ``demote: error: ...``,
+with exit code 2. Results go to standard output; notes and progress to standard error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from demote import __version__
 from demote.errors import DemoteError
 
 __all__ = ["build_parser", "main"]
@@ -35,37 +37,44 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from demote.demo import DemoOptions, run_demo
+    from demote.cli.demo import run_demo
+    from demote.cli.demo_parts import DemoOptions
 
     run_demo(
         DemoOptions(
             directory=Path(args.dir),
             locomo=None if args.locomo is None else Path(args.locomo),
+            sample=args.sample,
             strategy=args.strategy,
             policy=args.policy,
             model=args.model,
             turns=args.turns,
             progress=not args.no_progress,
+            restart=args.restart,
         )
     )
 
 
 def _replay(args: argparse.Namespace) -> None:
-    from demote.commands import parse_policies, replay_transcript
+    from demote.cli.commands import parse_policies, replay_transcript
 
     replay_transcript(
         args.transcript,
         parse_policies(args.policy or []),
         sys.stdout,
         format=args.format,
+        sample=args.sample,
         plot=args.plot,
         k=args.k,
         system_prompt_tokens=args.system_prompt_tokens,
+        summarizer=args.summarizer,
+        err=sys.stderr,
+        progress=not args.no_progress,
     )
 
 
 def _inspect(args: argparse.Namespace) -> None:
-    from demote.commands import inspect_stores
+    from demote.cli.commands import inspect_stores
 
     inspect_stores(
         sys.stdout,
@@ -77,7 +86,7 @@ def _inspect(args: argparse.Namespace) -> None:
 
 
 def _search(args: argparse.Namespace) -> None:
-    from demote.commands import search_archive
+    from demote.cli.commands import search_archive
 
     search_archive(sys.stdout, args.archive, args.conversation, args.query, args.k)
 
@@ -89,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A bounded active window for LangChain and LlamaIndex chats; what falls "
         "out is demoted, exactly once, to a long-tail store.",
     )
+    parser.add_argument("--version", action="version", version=f"demote {__version__}")
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = subs.add_parser(
@@ -97,10 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay a long conversation through a LangChain RunnableWithMessageHistory "
         "chain (with_demotion) and a LlamaIndex chat engine (DemotingMemory), with SQLite "
         "state and archive in --dir; ask about an early fact at the end. Offline: no server, "
-        "no key. Run it again to continue from the stored state.",
+        "no key. Run it again to continue from the stored state; a run that stopped "
+        "half-way is resumed.",
     )
     demo.add_argument("--dir", default="demote-demo", help="demo folder (default: ./demote-demo)")
-    demo.add_argument("--locomo", metavar="PATH", help="play a LoCoMo conversation file instead")
+    demo.add_argument(
+        "--restart", action="store_true", help="remove the demo's files in --dir and start over"
+    )
+    demo.add_argument(
+        "--locomo",
+        metavar="PATH",
+        help="play a LoCoMo conversation instead (conv-N.json or locomo10.json from the "
+        "snap-research/locomo repository; not shipped with demote)",
+    )
+    demo.add_argument(
+        "--sample", metavar="ID", help="with --locomo locomo10.json: which conversation"
+    )
     demo.add_argument(
         "--strategy",
         choices=("per_item", "bulk", "compact"),
@@ -138,7 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="transcript format (default: auto)",
     )
     rep.add_argument(
-        "--plot", metavar="FILE.png", help="plot window tokens over turns (needs demote[plot])"
+        "--plot",
+        metavar="FILE.png",
+        help="plot window tokens over turns (.png, .svg or .pdf; needs demote[plot])",
+    )
+    rep.add_argument(
+        "--sample", metavar="ID", help="for a file of several LoCoMo conversations: which one"
+    )
+    rep.add_argument(
+        "--summarizer",
+        choices=("none", "template"),
+        default="none",
+        help="for compact policies: none (cut back in bulk, a stand-in summary is priced; "
+        "the default) or template (a real summary, no model)",
     )
     rep.add_argument("-k", type=int, default=5, help="recall depth for the hit rate (default: 5)")
     rep.add_argument(
@@ -148,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="size of the system prompt priced with every call (default: 200)",
     )
+    rep.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     rep.set_defaults(run=_replay)
 
     ins = subs.add_parser(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from demote.cachecost import (
+from demote.cli.cachecost import (
     ANTHROPIC,
     OPENAI,
     CacheMeter,
