@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, TypeVar
@@ -59,7 +60,7 @@ from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds
-from demote.errors import ConfigError, HookError
+from demote.errors import ConfigError, DemoteWarning, HookError
 from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
@@ -193,9 +194,11 @@ class Demoter(CompactionMixin, Closing):
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
-            logger.warning(
-                "demote: a Compact policy without a summarizer behaves as bulk eviction at "
-                "limit + 2 x compact_count; pass summarizer= to keep the gist in the prompt"
+            warnings.warn(
+                "a Compact policy without a summarizer behaves as bulk eviction at "
+                "limit + 2 x compact_count; pass summarizer= to keep the gist in the prompt",
+                DemoteWarning,
+                stacklevel=2,
             )
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)

@@ -14,6 +14,9 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     ├── StoreError                         a state store, archive or outbox backend failed
     └── MissingExtraError(ImportError)     an optional extra is not installed
 
+Warnings about a configuration that works but is probably not what was meant are
+:class:`DemoteWarning` (a ``UserWarning``).
+
 Backend exceptions (``sqlite3.Error`` and friends) are translated at the boundary that
 talks to the backend, never in the middle of the engine.
 """
@@ -24,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ConversationIdError",
     "DemoteError",
+    "DemoteWarning",
     "HookBusy",
     "HookError",
     "HookTimeout",
@@ -89,3 +93,7 @@ class MissingExtraError(DemoteError, ImportError):
             f"{module!r} is not installed; install it with: pip install 'demote[{extra}]'"
         )
         self.extra = extra
+
+
+class DemoteWarning(UserWarning):
+    """A configuration that works but is probably not what was meant."""

@@ -23,6 +23,7 @@ from demote import (
     Compact,
     ConfigError,
     Demoter,
+    DemoteWarning,
     Demotion,
     HookBusy,
     PerItem,
@@ -261,3 +262,9 @@ def test_backoff_doubles_up_to_its_maximum() -> None:
     b = Backoff(0.5, 3)
     assert [b.delay(n) for n in range(6)] == [0, 0.5, 1, 2, 3, 3]
     assert Backoff(1, 60).delay(10_000) == 60
+
+
+def test_compact_without_a_summarizer_warns_that_it_is_bulk_eviction() -> None:
+    policy = SlidingWindow.last_messages(4, eviction=Compact(compact_count=2))
+    with pytest.warns(DemoteWarning, match="without a summarizer"):
+        Demoter(policy)

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -30,6 +31,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from demote import Backoff, Demoter, Demotion, SlidingWindow, SQLiteStateStore
 from demote.records import MessageRecord, fingerprint, make_key
 from tests.strategies import Msg, describer, policies, turn, unique, within_bound
+
+# Random policies include Compact without a summarizer, on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore::demote.errors.DemoteWarning")
 
 CIDS = ("alpha", "beta")
 

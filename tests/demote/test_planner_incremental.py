@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,9 @@ from demote.planner import Plan, needed_from, plan, turn_groups
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord
 from tests.strategies import Msg, advance, conversations, policies, record_of
+
+# Random policies include Compact without a summarizer, on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore::demote.errors.DemoteWarning")
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
