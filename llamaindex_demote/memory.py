@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage
@@ -38,13 +37,14 @@ from llama_index.core.llms.llm import LLM
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
-from demote.engine import Demoter, Window, render_summary
+from demote.engine import Demoter
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.policy import SlidingWindow
-from demote.records import CapturedTurn, MessageRecord, Recalled, make_key
+from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
-from llamaindex_demote.messages import core_role, from_core, recall_message, text_of, to_core
+from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote.messages import core_role, to_core
 
 __all__ = ["DemotingMemory"]
 
@@ -76,85 +76,6 @@ def _build_demoter(
     return Demoter(policy, hook, state=state)
 
 
-def _recall_point(messages: Sequence[ChatMessage], query: str | None) -> tuple[str | None, int]:
-    """The recall query and where its message goes in the kept ``messages``.
-
-    Without ``query`` the newest stored user message is the query and recall goes right
-    before it. With ``query``, recall goes before the newest message if that is the same
-    user message (already stored), else at the end (the engine appends the question).
-    """
-    newest = next(
-        (i for i in range(len(messages) - 1, -1, -1) if core_role(messages[i]) == "user"),
-        None,
-    )
-    if query is None:
-        if newest is None:
-            return None, len(messages)
-        return text_of(messages[newest]) or None, newest
-    last = len(messages) - 1
-    if newest == last and text_of(messages[last]) == query:
-        return query, last
-    return query, len(messages)
-
-
-def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) -> list[Recalled]:
-    """The first ``k`` recalled messages the model does not already see in ``window``."""
-    pinned = len(window.pinned)
-    shown: set[tuple[str, str]] | None = None  # only hits without an index need it
-    out = []
-    for r in recalled:
-        if r.index >= 0:
-            if r.index >= window.start or r.index < pinned:
-                continue
-        else:
-            if shown is None:
-                shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
-            if (r.role, r.text) in shown:
-                continue
-        out.append(r)
-        if len(out) == k:
-            break
-    return out
-
-
-def _assemble(
-    window: Window[ChatMessage], recalled: Sequence[Recalled] = (), at: int = 0
-) -> list[ChatMessage]:
-    """A new list: pinned, summary, kept messages, with the recall message inserted at ``at``."""
-    body = window.messages
-    if recalled:
-        body = [*body[:at], recall_message(recalled), *body[at:]]
-    if window.summary:
-        return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
-    return window.pinned + body
-
-
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """What the memory's hot path uses, read with one lookup (see ``DemotingMemory._p``)."""
-
-    demoter: Demoter
-    describe: Callable[[ChatMessage], MessageRecord]  # to_core bound to demoter.describe
-    recall: Recall | None
-    recall_k: int
-    capture: Capture | None
-
-    def recall_query(
-        self, window: Window[ChatMessage], input: str | None
-    ) -> tuple[Recall, str, int] | None:
-        """The recall, its query and where its message goes; ``None`` when nothing to ask."""
-        if self.recall is None:
-            return None
-        query, at = _recall_point(window.messages, input)
-        return (self.recall, query, at) if query else None
-
-    def prompt(
-        self, window: Window[ChatMessage], hits: Sequence[Recalled], at: int
-    ) -> list[ChatMessage]:
-        """The messages to send: the window, with the hits it does not show at ``at``."""
-        return _assemble(window, _visible(window, hits, self.recall_k), at)
-
-
 class DemotingMemory(BaseChatStoreMemory):
     """A LlamaIndex memory that keeps a bounded window and demotes the rest, once.
 
@@ -169,7 +90,7 @@ class DemotingMemory(BaseChatStoreMemory):
         chat_store_key: The conversation id.
     """
 
-    _parts: _Parts = PrivateAttr()
+    _parts: Parts = PrivateAttr()
 
     def __init__(
         self,
@@ -192,7 +113,7 @@ class DemotingMemory(BaseChatStoreMemory):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
         describe = functools.partial(to_core, describe=demoter.describe)
-        self._parts = _Parts(demoter, describe, recall, recall_k, capture)
+        self._parts = Parts(demoter, describe, recall, recall_k, capture)
 
     @classmethod
     def class_name(cls) -> str:
@@ -263,11 +184,11 @@ class DemotingMemory(BaseChatStoreMemory):
     # -- shared pieces ---------------------------------------------------------------------
 
     @property
-    def _p(self) -> _Parts:
+    def _p(self) -> Parts:
         # Pydantic serves private attributes from ``BaseModel.__getattr__``, about 1.7 us a
         # lookup (several per turn); its documented ``__pydantic_private__`` dict is direct.
         private = self.__pydantic_private__
-        parts: _Parts = private["_parts"] if private is not None else self._parts
+        parts: Parts = private["_parts"] if private is not None else self._parts
         return parts
 
     @property
@@ -291,10 +212,10 @@ class DemotingMemory(BaseChatStoreMemory):
         return tokenize
 
     @staticmethod
-    def _needs_index(parts: _Parts, messages: Sequence[ChatMessage]) -> bool:
+    def _needs_index(parts: Parts, messages: Sequence[ChatMessage]) -> bool:
         return parts.capture is not None and any(core_role(m) == "user" for m in messages)
 
-    def _captured(self, parts: _Parts, base: int, messages: Sequence[ChatMessage]) -> None:
+    def _captured(self, parts: Parts, base: int, messages: Sequence[ChatMessage]) -> None:
         """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
         if parts.capture is None:
             return
@@ -319,7 +240,7 @@ class DemotingMemory(BaseChatStoreMemory):
             )
 
     @staticmethod
-    def _fetch_k(parts: _Parts) -> int:
+    def _fetch_k(parts: Parts) -> int:
         # Ask for more than k: hits the model already sees in the window are dropped.
         return 2 * parts.recall_k
 
@@ -349,7 +270,7 @@ class DemotingMemory(BaseChatStoreMemory):
         window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
         ask = parts.recall_query(window, input)
         if ask is None:
-            return _assemble(window)
+            return assemble(window)
         recall, query, at = ask
         return parts.prompt(window, recall.search(cid, query, self._fetch_k(parts)), at)
 
@@ -363,7 +284,7 @@ class DemotingMemory(BaseChatStoreMemory):
         window = await parts.demoter.aload(cid, messages, parts.describe)
         ask = parts.recall_query(window, input)
         if ask is None:
-            return _assemble(window)
+            return assemble(window)
         recall, query, at = ask
         asearch = getattr(recall, "asearch", None)
         if asearch is not None:
