@@ -37,12 +37,14 @@ from llama_index.core.llms.llm import LLM
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
+from demote._checks import check_message, check_messages
 from demote.engine import Demoter
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.policy import SlidingWindow
 from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
+from llamaindex_demote import persist
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.messages import core_role, to_core
 
@@ -85,6 +87,13 @@ class DemotingMemory(BaseChatStoreMemory):
         chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
         await agent.run("hi", memory=memory)
 
+    It survives ``to_dict``/``from_dict`` and pickle (so an ``AgentWorkflow`` context can
+    be saved and resumed, in another process too) when its demoter, and its recall and
+    capture if any, are registered by name in every process that saves or restores it;
+    see :mod:`llamaindex_demote.persist`::
+
+        demoter = register("support", Demoter(policy, archive, state=state))
+
     Attributes:
         chat_store: Where the full history lives (any ``BaseChatStore``).
         chat_store_key: The conversation id.
@@ -111,6 +120,8 @@ class DemotingMemory(BaseChatStoreMemory):
             raise ConfigError(f"recall_k: must be an int >= 1, got {recall_k!r}")
         if capture is not None and not callable(getattr(capture, "capture", None)):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
+        if chat_store is not None and not isinstance(chat_store, BaseChatStore):
+            raise ConfigError(f"chat_store: expected a BaseChatStore, got {chat_store!r:.80}")
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
         describe = functools.partial(to_core, describe=demoter.describe)
         self._parts = Parts(demoter, describe, recall, recall_k, capture)
@@ -136,6 +147,7 @@ class DemotingMemory(BaseChatStoreMemory):
         recall: Recall | None = None,
         recall_k: int = 5,
         capture: Capture | None = None,
+        session_id: str | None = None,
         **kwargs: Any,
     ) -> DemotingMemory:
         """Build a memory over a shared demoter, or over a private one built here.
@@ -152,13 +164,16 @@ class DemotingMemory(BaseChatStoreMemory):
             token_limit: Shorthand for ``policy=SlidingWindow.last_tokens(token_limit)``,
                 so ``SimpleChatEngine.from_defaults(memory_cls=DemotingMemory)`` works.
             chat_store: Where the full history lives; a new ``SimpleChatStore`` if omitted.
-            chat_store_key: The conversation id.
+            chat_store_key: The conversation id (``"chat_history"`` if omitted, as in
+                LlamaIndex's ``ChatMemoryBuffer``).
             recall: Anything with ``search(conversation_id, query, k)`` returning
                 :class:`~demote.records.Recalled` (``SQLiteArchive``, ``Mem0Recall``);
                 its ``asearch`` is used by the async methods when it has one.
             recall_k: How many recalled messages ``get`` adds at most.
             capture: Receives each new user message as a
                 :class:`~demote.records.CapturedTurn` (e.g. ``Mem0Capture``).
+            session_id: The name LlamaIndex's ``Memory`` gives the conversation id: the
+                same as ``chat_store_key`` (give one, or both equal).
             **kwargs: Rejected: an unknown option raises :class:`~demote.errors.ConfigError`.
 
         Returns:
@@ -166,9 +181,19 @@ class DemotingMemory(BaseChatStoreMemory):
 
         Raises:
             ConfigError: Conflicting or invalid options, or nothing sizes the window.
+            MessageTypeError: ``chat_history`` holds something that is not a ChatMessage.
         """
         if kwargs:
             raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
+        if session_id is not None:
+            if chat_store_key not in (DEFAULT_CHAT_STORE_KEY, session_id):
+                raise ConfigError(
+                    f"session_id={session_id!r} and chat_store_key={chat_store_key!r} name "
+                    "two conversations; give one of them"
+                )
+            chat_store_key = session_id
+        if chat_history is not None:
+            chat_history = check_messages(chat_history, ChatMessage, "chat_history")
         memory = cls(
             demoter=_build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
@@ -195,6 +220,40 @@ class DemotingMemory(BaseChatStoreMemory):
     def demoter(self) -> Demoter:
         """The demoter that keeps this memory's window."""
         return self._p.demoter
+
+    @property
+    def session_id(self) -> str:
+        """The conversation id, under the name LlamaIndex's ``Memory`` uses."""
+        return self.chat_store_key
+
+    # -- saving and restoring (see llamaindex_demote.persist) -------------------------------
+
+    def to_dict(self, **kwargs: Any) -> dict[str, Any]:
+        """The memory as JSON-ready data; live parts by their registered names.
+
+        Raises:
+            ConfigError: The demoter (recall, capture) is not registered by name, or the
+                chat store is neither a ``SimpleChatStore`` nor registered.
+        """
+        return persist.dump(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **kwargs: Any) -> DemotingMemory:
+        """Restore a memory saved by :meth:`to_dict`, attached to the registered objects.
+
+        Args:
+            data: What :meth:`to_dict` returned.
+            **kwargs: Live parts to use instead of the registered ones (``demoter=``,
+                ``recall=``, ``capture=``, ``chat_store=``).
+
+        Raises:
+            ConfigError: A name in ``data`` is not registered in this process.
+        """
+        return cls(**persist.load(data, **kwargs))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by reference: the chat store as an object, live parts by name."""
+        return (persist.restore_pickled, (persist.dump(self, store_as_json=False),))
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -304,15 +363,24 @@ class DemotingMemory(BaseChatStoreMemory):
     # -- writes ----------------------------------------------------------------------------
 
     def put(self, message: ChatMessage) -> None:
-        """Append one message (a user message also goes to ``capture``)."""
-        self.put_messages([message])
+        """Append one message (a user message also goes to ``capture``).
+
+        Raises:
+            MessageTypeError: ``message`` is not a ChatMessage; nothing is stored.
+        """
+        self.put_messages([check_message(message, ChatMessage, "message")])
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
-        await self.aput_messages([message])
+        await self.aput_messages([check_message(message, ChatMessage, "message")])
 
     def put_messages(self, messages: list[ChatMessage]) -> None:
-        """Append messages in order (user messages also go to ``capture``)."""
+        """Append messages in order (user messages also go to ``capture``).
+
+        Raises:
+            MessageTypeError: ``messages`` is not a list of ChatMessage; nothing is stored.
+        """
+        messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
         base = len(self.chat_store.get_messages(cid)) if self._needs_index(parts, messages) else 0
         for message in messages:
@@ -321,6 +389,7 @@ class DemotingMemory(BaseChatStoreMemory):
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
+        messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
         needs = self._needs_index(parts, messages)
         base = len(await self.chat_store.aget_messages(cid)) if needs else 0
@@ -333,12 +402,17 @@ class DemotingMemory(BaseChatStoreMemory):
 
         The next read notices the rewrite and re-syncs the demotion state; messages the
         hook already holds (``has_keys``) are not delivered again. Nothing is captured.
+
+        Raises:
+            MessageTypeError: ``messages`` is not a list of ChatMessage; nothing changes.
         """
-        self.chat_store.set_messages(self.chat_store_key, list(messages))
+        messages = check_messages(messages, ChatMessage, "messages")
+        self.chat_store.set_messages(self.chat_store_key, messages)
 
     async def aset(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`set`."""
-        await self.chat_store.aset_messages(self.chat_store_key, list(messages))
+        messages = check_messages(messages, ChatMessage, "messages")
+        await self.chat_store.aset_messages(self.chat_store_key, messages)
 
     def reset(self) -> None:
         """Delete the conversation from the chat store and clear its demotion state.
