@@ -7,6 +7,7 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     ├── ConfigError(ValueError)            a policy, option or argument is invalid
     │   ├── ConversationIdError            a conversation id is empty, not a str, or unsafe
     │   └── TranscriptError                a transcript line cannot be read (names the line)
+    ├── MessageTypeError(TypeError)        an adapter was given something that is not a message
     ├── HookError                          a demotion hook failed (``on_hook_error="raise"``)
     │   ├── HookTimeout(TimeoutError)      a hook did not finish within ``hook_timeout``
     │   └── HookBusy                       every hook thread is busy with earlier (hung) calls
@@ -31,6 +32,7 @@ __all__ = [
     "HookBusy",
     "HookError",
     "HookTimeout",
+    "MessageTypeError",
     "MissingExtraError",
     "StoreError",
     "SummarizerError",
@@ -56,6 +58,13 @@ class TranscriptError(ConfigError):
     def __init__(self, message: str, *, line: int | None = None) -> None:
         super().__init__(f"line {line}: {message}" if line is not None else message)
         self.line = line
+
+
+class MessageTypeError(DemoteError, TypeError):
+    """An adapter was given something that is not a message; the message names the argument.
+
+    Raised before anything is written, so the conversation stays as it was.
+    """
 
 
 class HookError(DemoteError):

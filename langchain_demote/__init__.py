@@ -1,21 +1,26 @@
-"""LangChain adapter for demote (``pip install 'demote[langchain]'``).
+"""LangChain adapter for demote.
 
-Wrap any ``BaseChatMessageHistory`` so that ``RunnableWithMessageHistory`` sends the model
-a bounded window and everything that falls out of it is demoted, once, to a hook::
+For agents (LangChain's current path, ``pip install 'demote[agents]'``), one middleware
+sends the model a bounded window of the thread and demotes, once, what leaves it::
 
-    demoter = Demoter(SlidingWindow.last_turns(10), SQLiteArchive("archive.db"),
-                      state=SQLiteStateStore("state.db"))
+    agent = create_agent(model, tools, checkpointer=InMemorySaver(),
+                         middleware=[DemotingMiddleware(demoter, recall=archive)])
+
+For chains on ``RunnableWithMessageHistory`` (deprecated by LangChain 1.x together with
+``BaseChatMessageHistory``, still what most running chains use;
+``pip install 'demote[langchain]'``), wrap the history factory::
+
     chain = RunnableWithMessageHistory(
         prompt | model, with_demotion(get_session_history, demoter),
         input_messages_key="question", history_messages_key="history",
     )
 
-Modules: :mod:`~langchain_demote.history` (the chat history and ``with_demotion``),
+Modules: :mod:`~langchain_demote.middleware` (``DemotingMiddleware`` for ``create_agent``;
+needs the ``langchain`` package, extra ``demote[agents]``, and is imported on first use),
+:mod:`~langchain_demote.history` (the chat history and ``with_demotion``),
 :mod:`~langchain_demote.messages` (pure conversion to and from the core's records),
-:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever),
-:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``) and
-:mod:`~langchain_demote.middleware` (``DemotingMiddleware`` for ``create_agent``; needs the
-``langchain`` package, extra ``demote[agents]``, and is imported on first use).
+:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever) and
+:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``).
 """
 
 import typing as _typing

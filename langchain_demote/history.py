@@ -22,8 +22,9 @@ from typing import Any, ParamSpec
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage, HumanMessage
 
+from demote._checks import check_message, check_messages
 from demote.engine import Demoter, Window
-from demote.errors import ConfigError
+from demote.errors import ConfigError, ConversationIdError
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
@@ -136,8 +137,13 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
     # -- writing ------------------------------------------------------------------------
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        """Append ``messages`` to the inner store (then capture the new user turns)."""
-        messages = list(messages)
+        """Append ``messages`` to the inner store (then capture the new user turns).
+
+        Raises:
+            MessageTypeError: ``messages`` is not a sequence of ``BaseMessage`` (a string,
+                ``None`` among them, ...); nothing is stored.
+        """
+        messages = check_messages(messages, BaseMessage, "messages")
         base = self._base(messages)
         if base is None and self._wants_capture(messages):
             base = len(self.inner.messages)
@@ -146,7 +152,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Async :meth:`add_messages`: awaits the inner store's ``aadd_messages``."""
-        messages = list(messages)
+        messages = check_messages(messages, BaseMessage, "messages")
         base = self._base(messages)
         if base is None and self._wants_capture(messages):
             base = len(await self.inner.aget_messages())
@@ -155,7 +161,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
 
     def add_message(self, message: BaseMessage) -> None:
         """Append one message (see :meth:`add_messages`)."""
-        self.add_messages([message])
+        self.add_messages([check_message(message, BaseMessage, "message")])
 
     def _wants_capture(self, messages: Sequence[BaseMessage]) -> bool:
         return self.capture is not None and any(isinstance(m, HumanMessage) for m in messages)
@@ -194,13 +200,19 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self._length = 0
 
 
-def _conversation_id(signature: inspect.Signature, args: Any, kwargs: Any) -> str:
+def _default_conversation_id(signature: inspect.Signature, args: Any, kwargs: Any) -> str:
+    """The conversation id of a factory call (the mapping :func:`with_demotion` documents).
+
+    The core refuses empty ids, so an empty session id becomes its JSON text, ``'""'``,
+    like every other argument that is not one non-empty string; JSON forms never collide
+    with each other.
+    """
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     values = dict(bound.arguments)
     if len(values) == 1:
         (only,) = values.values()
-        if isinstance(only, str):
+        if isinstance(only, str) and only:
             return only
         return json.dumps(only, sort_keys=True, default=str)
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
@@ -211,13 +223,21 @@ def with_demotion(
     demoter: Demoter,
     *,
     capture: Capture | None = None,
+    conversation_id: Callable[P, str] | None = None,
 ) -> Callable[P, DemotingChatMessageHistory]:
     """Wrap a ``get_session_history`` factory so every history it makes is demoting.
 
     The wrapper has the factory's signature (``RunnableWithMessageHistory`` inspects it).
-    The conversation id is the session id when the factory takes one string argument, or
-    the JSON of its sorted arguments otherwise (``history_factory_config`` with several
-    fields), so the same arguments always name the same conversation.
+    By default each call names its conversation by the factory's arguments:
+
+    - one non-empty string argument (``session_id="user-42"``): that string, as is;
+    - anything else, as JSON: one other argument is its JSON text (``session_id=""`` ->
+      ``'""'``, ``42`` -> ``'42'``); several (``history_factory_config`` with ``user_id``
+      and ``conversation_id``) make one JSON object with sorted keys and no spaces
+      (``'{"conversation_id":"c1","user_id":"u1"}'``); none is ``'{}'``.
+
+    The same arguments always name the same conversation. ``conversation_id=`` chooses
+    instead: it is called with the factory's own arguments.
 
     Example::
 
@@ -225,25 +245,47 @@ def with_demotion(
             runnable, with_demotion(get_session_history, demoter),
             input_messages_key="question", history_messages_key="history",
         )
+        # history_factory_config with user_id and conversation_id: name by the latter
+        with_demotion(get_history, demoter, conversation_id=lambda user_id, conversation_id:
+                      conversation_id)
 
     Args:
         factory: The existing ``get_session_history``.
         demoter: The :class:`~demote.Demoter` all conversations share.
         capture: Passed to every :class:`DemotingChatMessageHistory`.
+        conversation_id: Names the conversation from the factory's arguments (called
+            exactly as the factory is); must return a non-empty string.
 
     Returns:
         A factory with the same parameters that returns
         :class:`DemotingChatMessageHistory` objects around the factory's histories.
+
+    Raises:
+        ConfigError: ``factory`` or ``conversation_id`` is not callable, ``demoter`` is
+            not a Demoter.
+        ConversationIdError: (when called) ``conversation_id(...)`` returned an empty
+            string or not a string.
     """
     if not callable(factory):
         raise ConfigError(f"factory: {factory!r} is not callable")
     if not isinstance(demoter, Demoter):
         raise ConfigError(f"demoter: expected a Demoter, got {demoter!r}")
+    if conversation_id is not None and not callable(conversation_id):
+        raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
     signature = inspect.signature(factory)
+
+    def name(*args: P.args, **kwargs: P.kwargs) -> str:
+        if conversation_id is None:
+            return _default_conversation_id(signature, args, kwargs)
+        cid = conversation_id(*args, **kwargs)
+        try:
+            return validate_conversation_id(cid)
+        except ConversationIdError as exc:
+            raise ConversationIdError(f"with_demotion(conversation_id=...): {exc}") from exc
 
     @functools.wraps(factory)
     def get_session_history(*args: P.args, **kwargs: P.kwargs) -> DemotingChatMessageHistory:
-        cid = _conversation_id(signature, args, kwargs)
+        cid = name(*args, **kwargs)
         inner = factory(*args, **kwargs)
         return DemotingChatMessageHistory(inner, demoter, cid, capture=capture)
 

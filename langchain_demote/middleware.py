@@ -6,7 +6,13 @@ The agent's checkpointer owns the full history (``state["messages"]``); the conv
 is the LangGraph thread. On every model call of a turn (a tool loop calls the model several
 times on the same, growing state) :meth:`DemotingMiddleware.wrap_model_call`:
 
-1. names the conversation (the thread id, or ``conversation_id(runtime)``);
+1. names the conversation: ``conversation_id(runtime)`` if given, else the LangGraph
+   thread id, else (an agent invoked without a thread id, hence without a checkpointer)
+   ``"first-message:" + id`` of the state's first message. LangGraph gives every message
+   an id when it enters the state and the agent returns the messages with their ids, so
+   passing ``result["messages"]`` back (plus the new turn) continues the same
+   conversation, and every fresh ``invoke`` starts a new one. A history rebuilt without
+   ids on every call is a new conversation every call: give it a thread id;
 2. runs :meth:`demote.Demoter.load` over the messages the model node was given. The
    engine delivers what fell out of the window to the hook and commits its watermark, so a
    message re-read on the next model call of the same loop is not delivered again;
@@ -17,6 +23,27 @@ times on the same, growing state) :meth:`DemotingMiddleware.wrap_model_call`:
 4. leaves the state alone (``prune_state=False``, the default) or, with
    ``prune_state=True``, returns a ``Command`` alongside the model response that removes
    the messages the hook has already accepted.
+
+What middleware after this one (inner) sees
+-------------------------------------------
+When the window holds every message of the request (nothing demoted yet, no summary, no
+recall), the request is handed on untouched: the same ``ModelRequest`` object, the same
+``messages`` list. An inner middleware's in-place edits then reach exactly what they
+reach without demote (``create_agent`` writes a changed ``request.messages`` list back
+to the agent state).
+
+Otherwise the inner middleware gets ``request.override(messages=window)``: a new request
+holding a new list (pinned, summary, kept messages, recall), whose messages are the
+state's own objects. Of its in-place edits to that list:
+
+- messages appended at its end are appended to the list this middleware was given, once
+  the model call returns (as if the inner middleware had appended to it), so they reach
+  the agent state as they would without demote;
+- any other edit of the list (insert, remove, replace, reorder) reaches only that model
+  call; to change the state, return a ``Command`` or use a ``before_model`` hook;
+- edits to a message object itself are edits of the state's message (demote does not
+  copy messages); demote describes each message object once, so such an edit does not
+  change what demote has already recorded for it.
 
 Windows start on turn-group boundaries, so the model is never sent a tool result without
 its call, nor a call without its results (parallel calls included).
@@ -51,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast, overload
@@ -89,10 +117,12 @@ from demote.records import ConversationState, MessageRecord, Recalled
 from langchain_demote.messages import from_core, message_role, message_text, to_core
 
 __all__ = [
+    "FIRST_MESSAGE_PREFIX",
     "RECALL_PREFIX",
     "DemotingAgentState",
     "DemotingMiddleware",
     "PrunedPrefix",
+    "first_message_conversation_id",
     "render_recall",
     "thread_conversation_id",
 ]
@@ -103,6 +133,9 @@ logger = logging.getLogger("demote")
 RECALL_PREFIX = "Relevant earlier messages from this conversation:\n"
 
 _PRUNED_KEY = "demote_pruned"
+
+#: How the conversation id of an agent invoked without a thread id begins.
+FIRST_MESSAGE_PREFIX = "first-message:"
 
 
 class PrunedPrefix(TypedDict):
@@ -136,8 +169,19 @@ def render_recall(recalled: Sequence[Recalled]) -> str:
     return RECALL_PREFIX + "\n".join(f"[{r.role}] {r.text}" for r in ordered)
 
 
+def _thread_id(runtime: Runtime[Any]) -> str | None:
+    info = getattr(runtime, "execution_info", None)
+    thread_id = getattr(info, "thread_id", None)
+    if thread_id is None:
+        try:
+            thread_id = get_config().get("configurable", {}).get("thread_id")
+        except RuntimeError:  # not inside a runnable
+            thread_id = None
+    return None if thread_id is None else str(thread_id)
+
+
 def thread_conversation_id(runtime: Runtime[Any]) -> str:
-    """The LangGraph thread id of the running agent (the default conversation id).
+    """The LangGraph thread id of the running agent.
 
     Args:
         runtime: The model node's runtime.
@@ -148,19 +192,40 @@ def thread_conversation_id(runtime: Runtime[Any]) -> str:
     Raises:
         ConversationIdError: The agent was invoked without a thread id.
     """
-    info = getattr(runtime, "execution_info", None)
-    thread_id = getattr(info, "thread_id", None)
-    if thread_id is None:
-        try:
-            thread_id = get_config().get("configurable", {}).get("thread_id")
-        except RuntimeError:  # not inside a runnable
-            thread_id = None
+    thread_id = _thread_id(runtime)
     if thread_id is None:
         raise ConversationIdError(
-            "DemotingMiddleware needs a conversation: invoke the agent with "
-            "config={'configurable': {'thread_id': ...}}, or pass conversation_id="
+            "the agent was invoked without a thread id: invoke it with "
+            "config={'configurable': {'thread_id': ...}}"
         )
-    return str(thread_id)
+    return thread_id
+
+
+def first_message_conversation_id(messages: Sequence[BaseMessage]) -> str:
+    """The conversation id of an agent invoked without a thread id.
+
+    ``"first-message:"`` followed by the id of the first message in the agent state.
+    LangGraph gives every message an id as it enters the state, so the id holds for as
+    long as the caller passes the returned messages back, and differs between two
+    conversations even when they start with the same words.
+
+    Args:
+        messages: The agent state's messages (``state["messages"]``).
+
+    Returns:
+        The conversation id.
+
+    Raises:
+        ConversationIdError: There is no message, or the first one has no id.
+    """
+    first = messages[0] if messages else None
+    if first is None or not first.id:
+        raise ConversationIdError(
+            "DemotingMiddleware: the agent has no thread id and its first message no id to "
+            "name the conversation by; invoke it with config={'configurable': "
+            "{'thread_id': ...}}, or pass conversation_id="
+        )
+    return FIRST_MESSAGE_PREFIX + first.id
 
 
 class _PrunedView(Sequence[BaseMessage]):
@@ -244,17 +309,32 @@ class _Search:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """The request to send and the state update to return with the response."""
+    """The request to send and the state update to return with the response.
+
+    ``request`` is ``origin`` itself when the window is the whole request; otherwise
+    ``sent`` is what its list held when it was handed on.
+    """
 
     request: ModelRequest[Any]
+    origin: ModelRequest[Any]
+    sent: tuple[BaseMessage, ...]
     update: dict[str, Any] | None
 
     def finish(
         self, response: ModelResponse[Any]
     ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        if self.request is not self.origin:
+            self._mirror_appends()
         if self.update is None:
             return response
         return ExtendedModelResponse(model_response=response, command=Command(update=self.update))
+
+    def _mirror_appends(self) -> None:
+        """Messages an inner middleware appended to the window, appended to the original."""
+        now, n = self.request.messages, len(self.sent)
+        target = self.origin.messages
+        if len(now) > n and isinstance(target, list) and all(map(operator.is_, now, self.sent)):
+            target.extend(now[n:])
 
 
 _Flow = Generator[_Load | _Search, Any, _Prepared]
@@ -312,11 +392,15 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             ``SQLiteArchive``); its hits for the newest human message are sent as one
             system message right before it. A failing search is logged and skipped.
         recall_k: How many recalled messages to send at most.
-        conversation_id: Names the conversation from the model node's runtime; the
-            LangGraph thread id by default. Two agents sharing a thread need distinct
-            names (``lambda rt: thread_conversation_id(rt) + "/researcher"``).
+        conversation_id: Names the conversation from the model node's runtime. By
+            default: the LangGraph thread id, or without one
+            :func:`first_message_conversation_id` (see the module docstring). Two agents
+            sharing a thread need distinct names
+            (``lambda rt: thread_conversation_id(rt) + "/researcher"``).
         prune_state: Remove messages from the agent state once the hook has accepted
-            them (the default keeps the full history in the checkpoint).
+            them (the default keeps the full history in the checkpoint). Needs a thread
+            id (a checkpointer): an agent invoked without one raises
+            :class:`~demote.errors.ConversationIdError`.
         recall_role: The role of the recall message: ``"system"`` (default), or
             ``"human"`` for providers that accept system messages only at the start
             (Anthropic's chat models do).
@@ -347,7 +431,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         self.demoter = demoter
         self.recall = recall
         self.recall_k = recall_k
-        self.conversation_id = conversation_id or thread_conversation_id
+        if conversation_id is not None and not callable(conversation_id):
+            raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
+        self.conversation_id = conversation_id
         self.prune_state = bool(prune_state)
         if recall_role not in ("system", "human"):
             raise ConfigError(f"recall_role: must be 'system' or 'human', got {recall_role!r}")
@@ -378,8 +464,23 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     def _describe(self, message: BaseMessage) -> MessageRecord:
         return to_core(message, self.demoter.describe)
 
+    def _conversation(self, request: ModelRequest[Any]) -> str:
+        """The conversation of this model call (see ``conversation_id``)."""
+        if self.conversation_id is not None:
+            return self.conversation_id(request.runtime)
+        thread_id = _thread_id(request.runtime)
+        if thread_id is not None:
+            return thread_id
+        if self.prune_state:
+            raise ConversationIdError(
+                "DemotingMiddleware(prune_state=True) needs a thread id: without one the "
+                "agent state ends with the call, so the pruned count cannot be kept; invoke "
+                "the agent with config={'configurable': {'thread_id': ...}}"
+            )
+        return first_message_conversation_id(request.state["messages"])
+
     def _prepare(self, request: ModelRequest[Any]) -> _Flow:
-        cid = self.conversation_id(request.runtime)
+        cid = self._conversation(request)
         messages: Sequence[BaseMessage] = request.messages
         pruned = cast("PrunedPrefix | None", request.state.get(_PRUNED_KEY))
         if pruned and pruned["removed"]:
@@ -407,7 +508,10 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                     sent.insert(at, self._recall_message(render_recall(hits)))
 
         update = self._prune_update(cid, request.messages, pruned) if self.prune_state else None
-        return _Prepared(request.override(messages=cast("list[AnyMessage]", sent)), update)
+        if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
+            return _Prepared(request, request, (), update)  # the whole request: hand it on
+        to_send = request.override(messages=cast("list[AnyMessage]", sent))
+        return _Prepared(to_send, request, tuple(sent), update)
 
     def _prune_update(
         self, cid: str, messages: Sequence[BaseMessage], pruned: PrunedPrefix | None

@@ -8,6 +8,8 @@ Install with ``pip install 'demote[llamaindex]'``::
     chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
 
 - :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
+- :mod:`llamaindex_demote.persist`: how a memory is saved and restored (``to_dict``,
+  pickle; live parts by the names :mod:`demote.registry` gives them).
 - :mod:`llamaindex_demote.messages`: pure ``to_core`` / ``from_core`` conversion.
 - :mod:`llamaindex_demote.summarizer`: :class:`LLMSummarizer` for the ``Compact`` strategy.
 """

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage
@@ -38,13 +37,16 @@ from llama_index.core.llms.llm import LLM
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
-from demote.engine import Demoter, Window, render_summary
+from demote._checks import check_message, check_messages
+from demote.engine import Demoter
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.policy import SlidingWindow
-from demote.records import CapturedTurn, MessageRecord, Recalled, make_key
+from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
-from llamaindex_demote.messages import core_role, from_core, recall_message, text_of, to_core
+from llamaindex_demote import persist
+from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote.messages import core_role, to_core
 
 __all__ = ["DemotingMemory"]
 
@@ -76,85 +78,6 @@ def _build_demoter(
     return Demoter(policy, hook, state=state)
 
 
-def _recall_point(messages: Sequence[ChatMessage], query: str | None) -> tuple[str | None, int]:
-    """The recall query and where its message goes in the kept ``messages``.
-
-    Without ``query`` the newest stored user message is the query and recall goes right
-    before it. With ``query``, recall goes before the newest message if that is the same
-    user message (already stored), else at the end (the engine appends the question).
-    """
-    newest = next(
-        (i for i in range(len(messages) - 1, -1, -1) if core_role(messages[i]) == "user"),
-        None,
-    )
-    if query is None:
-        if newest is None:
-            return None, len(messages)
-        return text_of(messages[newest]) or None, newest
-    last = len(messages) - 1
-    if newest == last and text_of(messages[last]) == query:
-        return query, last
-    return query, len(messages)
-
-
-def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) -> list[Recalled]:
-    """The first ``k`` recalled messages the model does not already see in ``window``."""
-    pinned = len(window.pinned)
-    shown: set[tuple[str, str]] | None = None  # only hits without an index need it
-    out = []
-    for r in recalled:
-        if r.index >= 0:
-            if r.index >= window.start or r.index < pinned:
-                continue
-        else:
-            if shown is None:
-                shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
-            if (r.role, r.text) in shown:
-                continue
-        out.append(r)
-        if len(out) == k:
-            break
-    return out
-
-
-def _assemble(
-    window: Window[ChatMessage], recalled: Sequence[Recalled] = (), at: int = 0
-) -> list[ChatMessage]:
-    """A new list: pinned, summary, kept messages, with the recall message inserted at ``at``."""
-    body = window.messages
-    if recalled:
-        body = [*body[:at], recall_message(recalled), *body[at:]]
-    if window.summary:
-        return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
-    return window.pinned + body
-
-
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """What the memory's hot path uses, read with one lookup (see ``DemotingMemory._p``)."""
-
-    demoter: Demoter
-    describe: Callable[[ChatMessage], MessageRecord]  # to_core bound to demoter.describe
-    recall: Recall | None
-    recall_k: int
-    capture: Capture | None
-
-    def recall_query(
-        self, window: Window[ChatMessage], input: str | None
-    ) -> tuple[Recall, str, int] | None:
-        """The recall, its query and where its message goes; ``None`` when nothing to ask."""
-        if self.recall is None:
-            return None
-        query, at = _recall_point(window.messages, input)
-        return (self.recall, query, at) if query else None
-
-    def prompt(
-        self, window: Window[ChatMessage], hits: Sequence[Recalled], at: int
-    ) -> list[ChatMessage]:
-        """The messages to send: the window, with the hits it does not show at ``at``."""
-        return _assemble(window, _visible(window, hits, self.recall_k), at)
-
-
 class DemotingMemory(BaseChatStoreMemory):
     """A LlamaIndex memory that keeps a bounded window and demotes the rest, once.
 
@@ -164,12 +87,19 @@ class DemotingMemory(BaseChatStoreMemory):
         chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
         await agent.run("hi", memory=memory)
 
+    It survives ``to_dict``/``from_dict`` and pickle (so an ``AgentWorkflow`` context can
+    be saved and resumed, in another process too) when its demoter, and its recall and
+    capture if any, are registered by name in every process that saves or restores it;
+    see :mod:`llamaindex_demote.persist`::
+
+        demoter = register("support", Demoter(policy, archive, state=state))
+
     Attributes:
         chat_store: Where the full history lives (any ``BaseChatStore``).
         chat_store_key: The conversation id.
     """
 
-    _parts: _Parts = PrivateAttr()
+    _parts: Parts = PrivateAttr()
 
     def __init__(
         self,
@@ -190,9 +120,11 @@ class DemotingMemory(BaseChatStoreMemory):
             raise ConfigError(f"recall_k: must be an int >= 1, got {recall_k!r}")
         if capture is not None and not callable(getattr(capture, "capture", None)):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
+        if chat_store is not None and not isinstance(chat_store, BaseChatStore):
+            raise ConfigError(f"chat_store: expected a BaseChatStore, got {chat_store!r:.80}")
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
         describe = functools.partial(to_core, describe=demoter.describe)
-        self._parts = _Parts(demoter, describe, recall, recall_k, capture)
+        self._parts = Parts(demoter, describe, recall, recall_k, capture)
 
     @classmethod
     def class_name(cls) -> str:
@@ -215,6 +147,7 @@ class DemotingMemory(BaseChatStoreMemory):
         recall: Recall | None = None,
         recall_k: int = 5,
         capture: Capture | None = None,
+        session_id: str | None = None,
         **kwargs: Any,
     ) -> DemotingMemory:
         """Build a memory over a shared demoter, or over a private one built here.
@@ -231,13 +164,16 @@ class DemotingMemory(BaseChatStoreMemory):
             token_limit: Shorthand for ``policy=SlidingWindow.last_tokens(token_limit)``,
                 so ``SimpleChatEngine.from_defaults(memory_cls=DemotingMemory)`` works.
             chat_store: Where the full history lives; a new ``SimpleChatStore`` if omitted.
-            chat_store_key: The conversation id.
+            chat_store_key: The conversation id (``"chat_history"`` if omitted, as in
+                LlamaIndex's ``ChatMemoryBuffer``).
             recall: Anything with ``search(conversation_id, query, k)`` returning
                 :class:`~demote.records.Recalled` (``SQLiteArchive``, ``Mem0Recall``);
                 its ``asearch`` is used by the async methods when it has one.
             recall_k: How many recalled messages ``get`` adds at most.
             capture: Receives each new user message as a
                 :class:`~demote.records.CapturedTurn` (e.g. ``Mem0Capture``).
+            session_id: The name LlamaIndex's ``Memory`` gives the conversation id: the
+                same as ``chat_store_key`` (give one, or both equal).
             **kwargs: Rejected: an unknown option raises :class:`~demote.errors.ConfigError`.
 
         Returns:
@@ -245,9 +181,19 @@ class DemotingMemory(BaseChatStoreMemory):
 
         Raises:
             ConfigError: Conflicting or invalid options, or nothing sizes the window.
+            MessageTypeError: ``chat_history`` holds something that is not a ChatMessage.
         """
         if kwargs:
             raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
+        if session_id is not None:
+            if chat_store_key not in (DEFAULT_CHAT_STORE_KEY, session_id):
+                raise ConfigError(
+                    f"session_id={session_id!r} and chat_store_key={chat_store_key!r} name "
+                    "two conversations; give one of them"
+                )
+            chat_store_key = session_id
+        if chat_history is not None:
+            chat_history = check_messages(chat_history, ChatMessage, "chat_history")
         memory = cls(
             demoter=_build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
@@ -263,17 +209,51 @@ class DemotingMemory(BaseChatStoreMemory):
     # -- shared pieces ---------------------------------------------------------------------
 
     @property
-    def _p(self) -> _Parts:
+    def _p(self) -> Parts:
         # Pydantic serves private attributes from ``BaseModel.__getattr__``, about 1.7 us a
         # lookup (several per turn); its documented ``__pydantic_private__`` dict is direct.
         private = self.__pydantic_private__
-        parts: _Parts = private["_parts"] if private is not None else self._parts
+        parts: Parts = private["_parts"] if private is not None else self._parts
         return parts
 
     @property
     def demoter(self) -> Demoter:
         """The demoter that keeps this memory's window."""
         return self._p.demoter
+
+    @property
+    def session_id(self) -> str:
+        """The conversation id, under the name LlamaIndex's ``Memory`` uses."""
+        return self.chat_store_key
+
+    # -- saving and restoring (see llamaindex_demote.persist) -------------------------------
+
+    def to_dict(self, **kwargs: Any) -> dict[str, Any]:
+        """The memory as JSON-ready data; live parts by their registered names.
+
+        Raises:
+            ConfigError: The demoter (recall, capture) is not registered by name, or the
+                chat store is neither a ``SimpleChatStore`` nor registered.
+        """
+        return persist.dump(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **kwargs: Any) -> DemotingMemory:
+        """Restore a memory saved by :meth:`to_dict`, attached to the registered objects.
+
+        Args:
+            data: What :meth:`to_dict` returned.
+            **kwargs: Live parts to use instead of the registered ones (``demoter=``,
+                ``recall=``, ``capture=``, ``chat_store=``).
+
+        Raises:
+            ConfigError: A name in ``data`` is not registered in this process.
+        """
+        return cls(**persist.load(data, **kwargs))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by reference: the chat store as an object, live parts by name."""
+        return (persist.restore_pickled, (persist.dump(self, store_as_json=False),))
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -291,10 +271,10 @@ class DemotingMemory(BaseChatStoreMemory):
         return tokenize
 
     @staticmethod
-    def _needs_index(parts: _Parts, messages: Sequence[ChatMessage]) -> bool:
+    def _needs_index(parts: Parts, messages: Sequence[ChatMessage]) -> bool:
         return parts.capture is not None and any(core_role(m) == "user" for m in messages)
 
-    def _captured(self, parts: _Parts, base: int, messages: Sequence[ChatMessage]) -> None:
+    def _captured(self, parts: Parts, base: int, messages: Sequence[ChatMessage]) -> None:
         """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
         if parts.capture is None:
             return
@@ -319,7 +299,7 @@ class DemotingMemory(BaseChatStoreMemory):
             )
 
     @staticmethod
-    def _fetch_k(parts: _Parts) -> int:
+    def _fetch_k(parts: Parts) -> int:
         # Ask for more than k: hits the model already sees in the window are dropped.
         return 2 * parts.recall_k
 
@@ -349,7 +329,7 @@ class DemotingMemory(BaseChatStoreMemory):
         window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
         ask = parts.recall_query(window, input)
         if ask is None:
-            return _assemble(window)
+            return assemble(window)
         recall, query, at = ask
         return parts.prompt(window, recall.search(cid, query, self._fetch_k(parts)), at)
 
@@ -363,7 +343,7 @@ class DemotingMemory(BaseChatStoreMemory):
         window = await parts.demoter.aload(cid, messages, parts.describe)
         ask = parts.recall_query(window, input)
         if ask is None:
-            return _assemble(window)
+            return assemble(window)
         recall, query, at = ask
         asearch = getattr(recall, "asearch", None)
         if asearch is not None:
@@ -383,15 +363,24 @@ class DemotingMemory(BaseChatStoreMemory):
     # -- writes ----------------------------------------------------------------------------
 
     def put(self, message: ChatMessage) -> None:
-        """Append one message (a user message also goes to ``capture``)."""
-        self.put_messages([message])
+        """Append one message (a user message also goes to ``capture``).
+
+        Raises:
+            MessageTypeError: ``message`` is not a ChatMessage; nothing is stored.
+        """
+        self.put_messages([check_message(message, ChatMessage, "message")])
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
-        await self.aput_messages([message])
+        await self.aput_messages([check_message(message, ChatMessage, "message")])
 
     def put_messages(self, messages: list[ChatMessage]) -> None:
-        """Append messages in order (user messages also go to ``capture``)."""
+        """Append messages in order (user messages also go to ``capture``).
+
+        Raises:
+            MessageTypeError: ``messages`` is not a list of ChatMessage; nothing is stored.
+        """
+        messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
         base = len(self.chat_store.get_messages(cid)) if self._needs_index(parts, messages) else 0
         for message in messages:
@@ -400,6 +389,7 @@ class DemotingMemory(BaseChatStoreMemory):
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
+        messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
         needs = self._needs_index(parts, messages)
         base = len(await self.chat_store.aget_messages(cid)) if needs else 0
@@ -412,12 +402,17 @@ class DemotingMemory(BaseChatStoreMemory):
 
         The next read notices the rewrite and re-syncs the demotion state; messages the
         hook already holds (``has_keys``) are not delivered again. Nothing is captured.
+
+        Raises:
+            MessageTypeError: ``messages`` is not a list of ChatMessage; nothing changes.
         """
-        self.chat_store.set_messages(self.chat_store_key, list(messages))
+        messages = check_messages(messages, ChatMessage, "messages")
+        self.chat_store.set_messages(self.chat_store_key, messages)
 
     async def aset(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`set`."""
-        await self.chat_store.aset_messages(self.chat_store_key, list(messages))
+        messages = check_messages(messages, ChatMessage, "messages")
+        await self.chat_store.aset_messages(self.chat_store_key, messages)
 
     def reset(self) -> None:
         """Delete the conversation from the chat store and clear its demotion state.

@@ -29,7 +29,6 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -47,6 +46,7 @@ from langchain_demote.middleware import (
     render_recall,
     thread_conversation_id,
 )
+from tests.conformance._langchain import add, lookup
 
 THREADS = ("t1", "t2")
 PINNED = "You are the test assistant."
@@ -117,18 +117,6 @@ class ScriptedModel(BaseChatModel):
                 ],
             )
         return ChatResult(generations=[ChatGeneration(message=reply)])
-
-
-@tool
-def lookup(topic: str) -> str:
-    """Look a topic up."""
-    return f"notes on {topic}"
-
-
-@tool
-def add(a: int, b: int) -> str:
-    """Add two numbers."""
-    return str(a + b)
 
 
 def turn_text(thread: str, n: int) -> str:
@@ -629,13 +617,33 @@ def test_custom_conversation_id(tmp_path: Path) -> None:
     assert demoter.tracked_conversations() == 1
 
 
-def test_missing_thread_id_is_a_clear_error() -> None:
+def test_prune_state_without_thread_id_is_a_clear_error() -> None:
+    # Without a thread id the state ends with the call: a pruned count could not be kept.
+    recorder = Recorder()
+    demoter = Demoter(SlidingWindow.last_messages(4), recorder)
+    middleware = DemotingMiddleware(demoter=demoter, prune_state=True)
+    agent = create_agent(ScriptedModel(), [lookup], middleware=[middleware])
+    with pytest.raises(ConversationIdError, match=r"prune_state=True\) needs a thread id"):
+        agent.invoke({"messages": [HumanMessage("t1 turn 0: quick hi")]})
+    assert demoter.tracked_conversations() == 0 and recorder.batches == []
+
+
+def test_thread_conversation_id_needs_a_thread() -> None:
+    seen: list[str] = []
+
+    def name(rt: Any) -> str:
+        try:
+            return thread_conversation_id(rt)
+        except ConversationIdError as exc:
+            seen.append(str(exc))
+            raise
+
     demoter = Demoter(SlidingWindow.last_messages(4))
-    agent = create_agent(
-        ScriptedModel(), [lookup], middleware=[DemotingMiddleware(demoter=demoter)]
-    )
+    middleware = DemotingMiddleware(demoter=demoter, conversation_id=name)
+    agent = create_agent(ScriptedModel(), [lookup], middleware=[middleware])
     with pytest.raises(ConversationIdError, match="thread_id"):
         agent.invoke({"messages": [HumanMessage("t1 turn 0: quick hi")]})
+    assert seen and "without a thread id" in seen[0]
 
 
 @pytest.mark.parametrize(
@@ -644,6 +652,7 @@ def test_missing_thread_id_is_a_clear_error() -> None:
         ({"demoter": object()}, "demoter"),
         ({"recall": object()}, "recall"),
         ({"recall_k": 0}, "recall_k"),
+        ({"conversation_id": "t1"}, "conversation_id"),
     ],
 )
 def test_bad_options(kwargs: dict[str, Any], match: str) -> None:
