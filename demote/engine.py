@@ -483,6 +483,26 @@ class Demoter(CompactionMixin, Closing):
             how = "delete"  # a store from before tombstones
         yield from self._store(how, cid)
 
+    def seed(self, conversation_id: str, state: ConversationState) -> bool:
+        """Replace the conversation's committed state with ``state``; ``True`` if stored.
+
+        For adapters that keep their own record of what the hook accepted (the agents
+        middleware's pruned prefix). One compare-and-set from the state read just before:
+        ``False`` if a load committed in between (then nothing changed).
+        """
+        return drive_sync(self._seed(conversation_id, state))
+
+    async def aseed(self, conversation_id: str, state: ConversationState) -> bool:
+        """Async :meth:`seed`."""
+        return await drive_async(self._seed(conversation_id, state))
+
+    def _seed(self, conversation_id: str, state: ConversationState) -> Flow[bool]:
+        cid = validate_conversation_id(conversation_id)
+        if not isinstance(state, ConversationState):
+            raise ConfigError(f"state: expected a ConversationState, got {type(state).__name__}")
+        current = yield from self._store("get", cid)
+        return bool((yield from self._store("compare_and_set", cid, current, state)))
+
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work started by sync loads (summaries); ``True`` if idle.
 

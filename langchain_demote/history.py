@@ -190,12 +190,16 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self._reset()
 
     async def aclear(self) -> None:
-        """Async :meth:`clear`: awaits the inner store's ``aclear``."""
+        """Async :meth:`clear`: awaits the inner store's ``aclear`` and the engine's."""
         await self.inner.aclear()
-        self._reset()
+        await self.demoter.aclear(self.conversation_id)
+        self._forget_window()
 
     def _reset(self) -> None:
         self.demoter.clear(self.conversation_id)
+        self._forget_window()
+
+    def _forget_window(self) -> None:
         self._memo = None
         self._length = 0
 

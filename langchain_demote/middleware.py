@@ -110,6 +110,7 @@ from langgraph.config import get_config
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from demote._flow import drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.errors import ConfigError, ConversationIdError, DemoteError
 from demote.hooks.base import Recall
@@ -337,37 +338,22 @@ class _Prepared:
             target.extend(now[n:])
 
 
-_Flow = Generator[_Load | _Search, Any, _Prepared]
+@dataclass(slots=True)
+class _Call:
+    """Call an engine method: ``sync(*args)`` blocking, ``asynchronous(*args)`` awaited."""
+
+    sync: Callable[..., Any]
+    asynchronous: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def run_sync(self) -> Any:
+        return self.sync(*self.args)
+
+    async def run_async(self) -> Any:
+        return await self.asynchronous(*self.args)
 
 
-def _drive_sync(flow: _Flow) -> _Prepared:
-    """Run a preparation, performing each yielded operation with blocking calls."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(value)
-        except StopIteration as stop:
-            return cast(_Prepared, stop.value)
-        try:
-            value, error = op.run_sync(), None
-        except Exception as exc:  # handed back to the flow, which decides
-            value, error = None, exc
-
-
-async def _drive_async(flow: _Flow) -> _Prepared:
-    """Run a preparation, awaiting each yielded operation."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(value)
-        except StopIteration as stop:
-            return cast(_Prepared, stop.value)
-        try:
-            value, error = await op.run_async(), None
-        except Exception as exc:
-            value, error = None, exc
+_Flow = Generator[_Load | _Search | _Call, Any, _Prepared]
 
 
 class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
@@ -447,7 +433,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
     ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         """Send the model the window instead of the whole history (sync agents)."""
-        prepared = _drive_sync(self._prepare(request))
+        prepared = drive_sync(self._prepare(request))
         return prepared.finish(handler(prepared.request))
 
     async def awrap_model_call(
@@ -456,7 +442,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         handler: Callable[[ModelRequest[Any]], Any],
     ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         """Send the model the window instead of the whole history (async agents)."""
-        prepared = await _drive_async(self._prepare(request))
+        prepared = await drive_async(self._prepare(request))
         return prepared.finish(await handler(prepared.request))
 
     # -- shared logic ------------------------------------------------------------------------
@@ -485,7 +471,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         pruned = cast("PrunedPrefix | None", request.state.get(_PRUNED_KEY))
         if pruned and pruned["removed"]:
             messages = _PrunedView(messages, pruned["pinned"], pruned["removed"])
-            self._reconcile(cid, messages, pruned["pinned"], pruned["removed"])
+            yield from self._reconcile(cid, messages, pruned["pinned"], pruned["removed"])
 
         window: Window[BaseMessage] = yield _Load(self.demoter, cid, messages, self._describe)
         sent = from_core(window)
@@ -507,23 +493,32 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                 if hits:
                     sent.insert(at, self._recall_message(render_recall(hits)))
 
-        update = self._prune_update(cid, request.messages, pruned) if self.prune_state else None
+        update = (
+            self._prune_update(cid, window, request.messages, pruned) if self.prune_state else None
+        )
         if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
             return _Prepared(request, request, (), update)  # the whole request: hand it on
         to_send = request.override(messages=cast("list[AnyMessage]", sent))
         return _Prepared(to_send, request, tuple(sent), update)
 
     def _prune_update(
-        self, cid: str, messages: Sequence[BaseMessage], pruned: PrunedPrefix | None
+        self,
+        cid: str,
+        window: Window[BaseMessage],
+        messages: Sequence[BaseMessage],
+        pruned: PrunedPrefix | None,
     ) -> dict[str, Any] | None:
-        """The state update removing what the hook accepted, or ``None`` if nothing new."""
-        state = self.demoter.state_of(cid)
-        if state.window_start <= state.pinned:
-            return None  # nothing demoted yet
-        pinned = pruned["pinned"] if pruned else state.pinned
+        """The state update removing what the hook accepted, or ``None`` if nothing new.
+
+        ``window.delivered`` is the watermark the load committed (or found): only what
+        the hook accepted is pruned, never what is still pending.
+        """
+        if window.delivered <= len(window.pinned):
+            return None  # nothing delivered yet
+        pinned = pruned["pinned"] if pruned else len(window.pinned)
         removed = pruned["removed"] if pruned else 0
         # Keep the message just before the watermark: the engine reads it (its anchor).
-        count = state.delivered - 1 - (pinned + removed)
+        count = window.delivered - 1 - (pinned + removed)
         if count <= 0:
             return None
         victims = list(messages[pinned : pinned + count])
@@ -536,7 +531,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             _PRUNED_KEY: PrunedPrefix(pinned=pinned, removed=removed + count),
         }
 
-    def _reconcile(self, cid: str, view: Sequence[BaseMessage], pinned: int, removed: int) -> None:
+    def _reconcile(
+        self, cid: str, view: Sequence[BaseMessage], pinned: int, removed: int
+    ) -> Generator[_Call, Any, None]:
         """Re-seed a demotion state that does not cover the pruned prefix.
 
         Everything below ``floor = pinned + removed`` was pruned after the hook accepted
@@ -550,7 +547,8 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             raise DemoteError(
                 f"conversation {cid!r}: the agent state is shorter than its pruned prefix"
             )
-        s = self.demoter.state_of(cid)
+        d = self.demoter
+        s: ConversationState = yield _Call(d.state_of, d.astate_of, (cid,))
         if (
             s.pinned == pinned
             and floor < s.window_start <= len(view)
@@ -573,4 +571,4 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             cid,
             floor,
         )
-        self.demoter.state.compare_and_set(cid, self.demoter.state.get(cid), seeded)
+        yield _Call(d.seed, d.aseed, (cid, seeded))

@@ -279,8 +279,7 @@ class DemotingMemory(BaseChatStoreMemory):
         if parts.capture is None:
             return
         cid = self.chat_store_key
-        offset = parts.demoter.state_of(cid).offset
-        for i, message in enumerate(messages, base + offset):
+        for i, message in enumerate(messages, base):
             if core_role(message) != "user":
                 continue
             rec = parts.describe(message)
@@ -425,4 +424,4 @@ class DemotingMemory(BaseChatStoreMemory):
     async def areset(self) -> None:
         """Async :meth:`reset`."""
         await self.chat_store.adelete_messages(self.chat_store_key)
-        self._p.demoter.clear(self.chat_store_key)
+        await self._p.demoter.aclear(self.chat_store_key)

@@ -187,6 +187,13 @@ class RedisStateStore(OpStore):
             "health_check_interval": health_check_interval,
             "max_connections": max_connections,
         }
+        driver_info = getattr(redis, "DriverInfo", None) or getattr(
+            getattr(redis, "driver_info", None), "DriverInfo", None
+        )
+        if driver_info is not None:
+            # Read once, here: otherwise redis-py reads its version from the package
+            # metadata (file I/O) each time it opens a connection, on the event loop too.
+            options["driver_info"] = driver_info(name="redis-py", lib_version=redis.__version__)
 
         def retry(module: Any) -> Any:
             backoff = redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
