@@ -240,6 +240,19 @@ def test_fork_from_an_earlier_checkpoint() -> None:
     assert demoter is not None
 
 
+def test_a_fork_does_not_hand_a_hook_without_key_lookup_the_shared_prefix_again() -> None:
+    # RecordingHook has no has_keys: within one process the engine remembers what it
+    # delivered, so re-syncing the fork offers the hook only the fork's new messages.
+    model, hook, demoter, before, branch = run_fork(SMALL)
+    keys = [key for *_, key in hook.records("tt")]
+    assert len(keys) == len(set(keys)), "a key of the shared prefix was delivered twice"
+    assert demoter is not None
+    state = demoter.state_of("tt")
+    assert state.generation >= 1, "the fork was re-synced"
+    delivered = {i for _, _, i, _ in hook.records("tt")}
+    assert set(range(state.delivered)) <= delivered, "every message below the watermark"
+
+
 # -- a stack of three middlewares, demote in the middle ------------------------------------
 
 
