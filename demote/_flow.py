@@ -44,34 +44,40 @@ Flow = Generator[Op, Any, R]
 
 
 @dataclass(slots=True)
-class StoreCall:
-    """Call ``store.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
+class Call:
+    """Call ``target.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
 
-    A store without that async twin runs the sync method in a worker thread, unless it
+    A target without that async twin runs the sync method in a worker thread, unless it
     declares ``nonblocking = True`` (no I/O at all): then the sync method is called.
     """
 
-    store: object
+    target: object
     name: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
     def run_sync(self) -> Any:
-        return getattr(self.store, self.name)(*self.args, **self.kwargs)
+        method = getattr(self.target, self.name, None)
+        if method is None:  # an async-only target, from sync code
+            return run_sync(getattr(self.target, "a" + self.name)(*self.args, **self.kwargs))
+        return method(*self.args, **self.kwargs)
 
     async def run_async(self) -> Any:
-        twin = getattr(self.store, "a" + self.name, None)
+        twin = getattr(self.target, "a" + self.name, None)
         if twin is not None:
             return await twin(*self.args, **self.kwargs)
-        method = getattr(self.store, self.name)
-        if getattr(self.store, "nonblocking", False):
+        method = getattr(self.target, self.name)
+        if getattr(self.target, "nonblocking", False):
             return method(*self.args, **self.kwargs)
         return await asyncio.to_thread(method, *self.args, **self.kwargs)
 
 
-def store_call(store: object, name: str, *args: Any, **kwargs: Any) -> StoreCall:
-    """A :class:`StoreCall` (keyword arguments included)."""
-    return StoreCall(store, name, args, kwargs)
+StoreCall = Call
+
+
+def store_call(store: object, name: str, *args: Any, **kwargs: Any) -> Call:
+    """A :class:`Call` of a store method (keyword arguments included)."""
+    return Call(store, name, args, kwargs)
 
 
 @dataclass(slots=True)

@@ -60,6 +60,7 @@ from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds
+from demote.erase import EraseMixin, EraseReport
 from demote.errors import ConfigError, DemoteWarning, HookError
 from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook
@@ -121,7 +122,7 @@ class Window(Generic[T]):
         return len(self.pinned) + len(self.messages)
 
 
-class Demoter(CompactionMixin, Closing):
+class Demoter(EraseMixin, CompactionMixin, Closing):
     """Keeps each conversation's active window and demotes what falls out, once.
 
     One Demoter serves any number of conversations; share it across adapters.
@@ -471,6 +472,43 @@ class Demoter(CompactionMixin, Closing):
     async def aforget(self, conversation_id: str) -> None:
         """Async :meth:`forget`."""
         await drive_async(self._reset(conversation_id, "delete"))
+
+    def erase(
+        self,
+        conversation_id: str,
+        *,
+        messages: Sequence[T] | None = None,
+        describe: Callable[[T], MessageRecord] | None = None,
+        wait: float | None = None,
+    ) -> EraseReport:
+        """Forget the conversation everywhere: its state, and every tier behind the hook.
+
+        Unlike :meth:`clear`, what the hook already holds is deleted too (see
+        :mod:`demote.erase`). The adapters' ``erase`` also empties their inner store.
+
+        Args:
+            conversation_id: The conversation.
+            messages: Its current history, with ``describe``: the keys derived from it
+                are handed to tiers that delete by id (a LangChain vector store).
+            describe: How to describe one message (as for :meth:`load`).
+            wait: Seconds to wait for a delivery in flight to end (``lease_ttl`` by
+                default) before taking over (see :attr:`EraseReport.took_over`).
+
+        Returns:
+            What each tier did.
+        """
+        return drive_sync(self._erase(conversation_id, messages, describe, wait))
+
+    async def aerase(
+        self,
+        conversation_id: str,
+        *,
+        messages: Sequence[T] | None = None,
+        describe: Callable[[T], MessageRecord] | None = None,
+        wait: float | None = None,
+    ) -> EraseReport:
+        """Async :meth:`erase` (stores and tiers are awaited)."""
+        return await drive_async(self._erase(conversation_id, messages, describe, wait))
 
     def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
         cid = validate_conversation_id(conversation_id)

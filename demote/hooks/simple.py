@@ -131,6 +131,10 @@ class FanOutHook:
         """Awaited only if every hook is (else the whole fan-out runs on a thread)."""
         return all(native_async(hook) for hook in self.hooks)
 
+    def parts(self) -> tuple[object, ...]:
+        """The hooks it delivers to (each is erased on its own: see :mod:`demote.erase`)."""
+        return self.hooks
+
     def deliver(self, batch: Demotion) -> None:
         """Deliver to each hook in turn."""
         for hook in self.hooks:
