@@ -56,11 +56,12 @@ from typing import Any, Generic, Literal, TypeVar
 from demote._closing import Closing
 from demote._compaction import CompactionMixin
 from demote._delivery import FRESH, Hold, Tally, Work
+from demote._erasing import EraseMixin
 from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds
-from demote.erase import EraseMixin, EraseReport
+from demote.erase import EraseReport
 from demote.errors import ConfigError, DemoteWarning, HookError
 from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook

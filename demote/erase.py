@@ -26,22 +26,11 @@ tiers use to refuse the late write; the report says so (``took_over``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
-
-from demote._delivery import DeliveryMixin, Hold
-from demote._flow import Call, Flow, Sleep
-from demote.errors import ConfigError
-from demote.records import MessageRecord, make_key
-from demote.state.base import validate_conversation_id
+from typing import Literal, Protocol, runtime_checkable
 
 __all__ = ["Erasable", "EraseReport", "TierReport", "tiers"]
-
-T = TypeVar("T")
-
-_POLL_SECONDS = 0.05
 
 
 @runtime_checkable
@@ -109,71 +98,3 @@ def tiers(hook: object, name: str | None = None) -> Iterator[tuple[str, object]]
         yield label, hook  # keeps something, cannot erase: reported as unsupported
     for i, part in enumerate(held):
         yield from tiers(part, f"{label}[{i}].{type(part).__name__}")
-
-
-class EraseMixin(DeliveryMixin):
-    """The Demoter's ``erase``."""
-
-    lease_ttl: float
-
-    def _erase(
-        self,
-        conversation_id: str,
-        messages: Sequence[T] | None,
-        describe: Callable[[T], MessageRecord] | None,
-        wait: float | None,
-    ) -> Flow[EraseReport]:
-        cid = validate_conversation_id(conversation_id)
-        if (messages is None) != (describe is None):
-            raise ConfigError("erase: give both messages and describe, or neither")
-        keys = None
-        if messages is not None and describe is not None:
-            keys = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
-        deadline = time.monotonic() + (self.lease_ttl if wait is None else wait)
-        hold: Hold | None = None
-        took_over = False
-        try:
-            while True:  # wait for a delivery in flight, here or elsewhere, to end
-                hold = yield from self._take_leased(cid)
-                if hold is not None or time.monotonic() >= deadline:
-                    break
-                yield Sleep(_POLL_SECONDS)
-            if hold is None:  # it did not end in time: revoke its lease and take over
-                took_over = True
-                with self._lock:
-                    self._gates.pop(cid, None)
-                yield from self._store("delete", cid)
-                hold = yield from self._take_leased(cid)
-            fence = hold.lease.token if hold is not None and hold.lease is not None else None
-            reports = []
-            for label, tier in tiers(self.hook):
-                if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
-                    reports.append(TierReport(label, "unsupported"))
-                    continue
-                try:
-                    removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
-                except Exception as exc:  # reported, and the other tiers still erase
-                    reports.append(TierReport(label, "failed", error=repr(exc)))
-                    continue
-                reports.append(TierReport(label, "erased", _count(removed)))
-            yield from self._store("delete", cid)  # state, summary and lease, bytes too
-            if hold is not None and hold.lease is not None:
-                hold.released = True
-                self._keeper.drop(hold.lease)
-            self._forget_everywhere(cid)
-            return EraseReport(cid, tuple(reports), True, took_over)
-        finally:
-            if hold is not None:
-                self._let_go(hold)
-
-    def _forget_everywhere(self, cid: str) -> None:
-        """Drop what this process keeps of the conversation (caches, counters, errors)."""
-        self._views.forget(cid)
-        self._retry.succeeded(cid)
-        with self._tally.lock:
-            self._tally.errors.pop(cid, None)
-            self._tally.pending.pop(cid, None)
-
-
-def _count(removed: Any) -> int | None:
-    return removed if isinstance(removed, int) and not isinstance(removed, bool) else None

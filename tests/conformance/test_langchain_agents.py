@@ -243,7 +243,7 @@ def test_fork_from_an_earlier_checkpoint() -> None:
 def test_a_fork_does_not_hand_a_hook_without_key_lookup_the_shared_prefix_again() -> None:
     # RecordingHook has no has_keys: within one process the engine remembers what it
     # delivered, so re-syncing the fork offers the hook only the fork's new messages.
-    model, hook, demoter, before, branch = run_fork(SMALL)
+    _, hook, demoter, _, _ = run_fork(SMALL)
     keys = [key for *_, key in hook.records("tt")]
     assert len(keys) == len(set(keys)), "a key of the shared prefix was delivered twice"
     assert demoter is not None
