@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from demote._runner import HookRunner
 from demote.errors import HookTimeout, SummarizerError
 from demote.hooks.simple import deliver_sync, native_async
-from demote.records import Demotion, MessageRecord
+from demote.records import Demotion, MessageRecord, storable_text
 from demote.sync import run_sync
 
 R = TypeVar("R")
@@ -175,7 +175,7 @@ class Summarize:
 def _text(value: object) -> str:
     if not isinstance(value, str):
         raise SummarizerError(f"summarizer returned {type(value).__name__}, not str")
-    return value
+    return storable_text(value)  # the summary goes into the state store
 
 
 @dataclass(slots=True)

@@ -106,11 +106,15 @@ class LeaseKeeper:
         self._closed = False
 
     def hold(self, lease: Lease) -> None:
-        """Keep ``lease`` renewed until :meth:`drop`."""
+        """Keep ``lease`` renewed until :meth:`drop`.
+
+        Cheap (most deliveries end long before a renewal is due): the thread, once
+        started, wakes every third of the TTL on its own and needs no notice.
+        """
         with self._cond:
             self._held[lease.token] = (lease, time.monotonic())
-            self._start()
-            self._cond.notify()
+            if self._thread is None:
+                self._start()
 
     def drop(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (it was released, or committed with release)."""
@@ -142,12 +146,10 @@ class LeaseKeeper:
         every = self.ttl / 3
         while True:
             with self._cond:
-                while not self._held and not self._to_release and not self._closed:
-                    self._cond.wait()
+                if not self._to_release and not self._closed:
+                    self._cond.wait(every)
                 if self._closed:
                     return
-                if not self._to_release:
-                    self._cond.wait(every)
                 releases, self._to_release = self._to_release, []
                 now = time.monotonic()
                 due = [lease for lease, at in self._held.values() if now - at >= every * 0.9]

@@ -49,9 +49,9 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from demote._closing import Closing
 from demote._compaction import CompactionMixin
@@ -62,12 +62,12 @@ from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds
 from demote.erase import EraseReport
-from demote.errors import ConfigError, DemoteWarning, HookError
+from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
 from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
 from demote.policy import Compact, SlidingWindow
-from demote.records import ConversationState, MessageRecord, fingerprint
+from demote.records import ROLES, ConversationState, MessageRecord, Role, fingerprint
 from demote.retry import Backoff, RetryTracker
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
@@ -121,6 +121,19 @@ class Window(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.pinned) + len(self.messages)
+
+
+def _call_ids(opens: object) -> tuple[str, ...]:
+    """``opens`` as a tuple of tool-call ids, or :class:`ArgumentTypeError`."""
+    if isinstance(opens, str | bytes):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}")
+    try:
+        ids: tuple[object, ...] = tuple(cast("Iterable[object]", opens))
+    except TypeError:
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}") from None
+    if not all(isinstance(c, str) for c in ids):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {ids!r:.80}")
+    return cast("tuple[str, ...]", ids)
 
 
 class Demoter(EraseMixin, CompactionMixin, Closing):
@@ -227,10 +240,24 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     def describe(
         self, role: Any, text: str, *, opens: Sequence[str] = (), answers: str | None = None
     ) -> MessageRecord:
-        """Describe one message for the planner (adapters call this from ``to_core``)."""
-        opens = tuple(opens)
+        """Describe one message for the planner (adapters call this from ``to_core``).
+
+        Raises:
+            ArgumentTypeError: ``text`` is not a str, ``opens`` not a sequence of str, or
+                ``answers`` neither a str nor ``None``.
+            ConfigError: ``role`` is not one of the core's roles.
+        """
+        if not isinstance(text, str):
+            raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
+        opens = _call_ids(opens) if opens else ()
+        if answers is not None and not isinstance(answers, str):
+            raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
+        if not isinstance(role, str) or role not in ROLES:
+            raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
         fp = fingerprint(role, text, opens, answers)
-        return MessageRecord(role, text, fp, self.tokens.count(fp, text), opens, answers)
+        return MessageRecord(
+            cast("Role", role), text, fp, self.tokens.count(fp, text), opens, answers
+        )
 
     # -- loading --------------------------------------------------------------------------
 
@@ -259,6 +286,12 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         describe: Callable[[T], MessageRecord],
     ) -> Flow[Window[T]]:
         cid = validate_conversation_id(conversation_id)
+        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+            raise ArgumentTypeError(
+                f"messages: expected a sequence of messages (a list), got {type(messages).__name__}"
+            )
+        if not callable(describe):
+            raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
         tally = self._tally
         with tally.lock:
             tally.loads += 1
@@ -336,7 +369,10 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         new = committed.window_start
         if new > old:
             records, base = work.view.records, work.view.base
-            after = sum(r.tokens for r in records[new - base :])
+            if self.policy.unit == "tokens":  # the plan counted the window already
+                after = work.plan.size
+            else:
+                after = sum(r.tokens for r in records[new - base :])
             before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
             at = 1 if work.resynced else 0
             work.events.insert(
@@ -403,8 +439,16 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             state.anchor,
         ):
             return state
-        return replace(
-            state, window_start=start, delivered=delivered, pinned=p.pinned, anchor=anchor
+        # dataclasses.replace, without its introspection (this runs on most turns)
+        return ConversationState(
+            start,
+            delivered,
+            p.pinned,
+            anchor,
+            state.summary,
+            state.summarized,
+            state.offset,
+            state.generation,
         )
 
     def _unconfirmed(self, cid: str, work: Work) -> None:
@@ -425,12 +469,18 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         """The window ``work`` planned, with the watermark of ``state`` (or the target)."""
         p, s = work.plan, state or work.target
         pending = max(0, p.window_start - max(s.delivered, p.pinned))
-        window = self._slice(
-            cid, work.messages, p.pinned, p.window_start, s.summary, demoted, pending, s.delivered
+        events = tuple(work.events) if work.events else ()
+        return self._slice(
+            cid,
+            work.messages,
+            p.pinned,
+            p.window_start,
+            s.summary,
+            demoted,
+            pending,
+            s.delivered,
+            events,
         )
-        if work.events:
-            window = replace(window, events=tuple(work.events))
-        return window
 
     @staticmethod
     def _slice(
@@ -442,6 +492,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         demoted: int,
         pending: int,
         delivered: int,
+        events: tuple[DemoteEvent, ...] = (),
     ) -> Window[T]:
         n = len(messages)
         start = min(start, n)
@@ -449,7 +500,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             head, kept = messages[:pinned], messages[start:]
         else:
             head, kept = list(messages[:pinned]), list(messages[start:])
-        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered)
+        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     DemoteError
     ├── ConfigError(ValueError)            a policy, option or argument is invalid
     │   ├── ConversationIdError            a conversation id is empty, not a str, or unsafe
+    │   ├── ArgumentTypeError(TypeError)   an argument has the wrong type
     │   └── TranscriptError                a transcript line cannot be read (names the line)
     ├── MessageTypeError(TypeError)        an adapter was given something that is not a message
     ├── HookError                          a demotion hook failed (``on_hook_error="raise"``)
@@ -25,6 +26,7 @@ talks to the backend, never in the middle of the engine.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigError",
     "ConversationIdError",
     "DemoteError",
@@ -50,6 +52,13 @@ class ConfigError(DemoteError, ValueError):
 
 class ConversationIdError(ConfigError):
     """A conversation id is empty, not a string, or otherwise unusable."""
+
+
+class ArgumentTypeError(ConfigError, TypeError):
+    """An argument has the wrong type; the message names the argument and what it got.
+
+    Both a ``ValueError`` (as every :class:`ConfigError`) and a ``TypeError``.
+    """
 
 
 class TranscriptError(ConfigError):

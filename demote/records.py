@@ -26,6 +26,7 @@ __all__ = [
     "Role",
     "fingerprint",
     "make_key",
+    "storable_text",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -68,6 +69,24 @@ def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | 
         h.update(b"\x02")
         h.update(answers.encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+def storable_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: each lone surrogate becomes U+FFFD.
+
+    The one rule for text demote writes to a store (archive, outbox, summary): SQLite,
+    PostgreSQL and Redis keep UTF-8, which cannot encode a lone surrogate (Python text can
+    hold one, e.g. from ``json.loads`` of an escaped surrogate). The rest of the text is
+    kept as it is. Fingerprints and dedup keys are computed from the text as given, so
+    they never change with this. Conversation ids are not cleaned: they are refused
+    (:func:`~demote.state.base.validate_conversation_id`), since a lossy id could merge two
+    conversations.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
 
 
 def make_key(conversation_id: str, index: int, message_fingerprint: str) -> str:

@@ -50,9 +50,10 @@ MAX_ID_BYTES = 16_384
 def validate_conversation_id(conversation_id: object) -> str:
     """Return ``conversation_id`` if usable, else raise :class:`ConversationIdError`.
 
-    Any non-empty string up to 16 KiB is accepted: stores use it only as a parameter of
-    parameterised queries, never in a path. NUL characters are rejected because several
-    backends truncate at them, which would merge two conversations.
+    Any non-empty string of valid Unicode text up to 16 KiB is accepted: stores use it
+    only as a parameter of parameterised queries, never in a path. NUL characters are
+    rejected because several backends truncate at them, and lone surrogates because UTF-8
+    cannot hold them: either would merge two conversations.
     """
     if not isinstance(conversation_id, str):
         raise ConversationIdError(
@@ -62,7 +63,13 @@ def validate_conversation_id(conversation_id: object) -> str:
         raise ConversationIdError("conversation_id must not be empty")
     if "\x00" in conversation_id:
         raise ConversationIdError("conversation_id must not contain NUL characters")
-    if len(conversation_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+    try:
+        size = len(conversation_id.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ConversationIdError(
+            f"conversation_id is not valid Unicode text ({exc.reason} at {exc.start})"
+        ) from None
+    if size > MAX_ID_BYTES:
         raise ConversationIdError(f"conversation_id is longer than {MAX_ID_BYTES} bytes")
     return conversation_id
 
