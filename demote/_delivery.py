@@ -264,7 +264,16 @@ class DeliveryMixin:
         if lease is not None:
             release = release and hold.orphan is None  # a running call keeps it
             kwargs = {"lease": lease, "release": release}
-        ok = yield from self._store("compare_and_set", hold.conversation_id, stored, new, **kwargs)
+        cid = hold.conversation_id
+        if self._direct:
+            # No I/O: check in one step that no clear or forget of this process took the
+            # gate away meanwhile (without a lease, nothing else would tell).
+            with self._lock:
+                ok = self._gates.get(cid) is hold and self.state.compare_and_set(
+                    cid, stored, new, **kwargs
+                )
+        else:  # a lease fences it: clear and forget revoke it in the store
+            ok = yield from self._store("compare_and_set", cid, stored, new, **kwargs)
         if lease is not None and kwargs["release"]:
             hold.released = True
             self._keeper.drop(lease)
@@ -301,7 +310,11 @@ class DeliveryMixin:
     def _take_leased(self, cid: str) -> Flow[Hold | None]:
         """The gate and, on a shared store, the lease (``None`` if either is busy)."""
         hold = self._take(cid)
-        if hold is None or not callable(getattr(self.state, "acquire_lease", None)):
+        if (
+            hold is None
+            or not callable(getattr(self.state, "acquire_lease", None))
+            or not getattr(self.state, "shared", True)
+        ):
             return hold
         lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
         if lease is None:  # another worker is delivering

@@ -221,6 +221,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         self._probe = callable(getattr(self.hook, "has_keys", None))
         self._direct = bool(getattr(store, "nonblocking", False))
         self._leasing = callable(getattr(store, "acquire_lease", None))
+        attach = getattr(store, "attach", None)
+        if callable(attach):
+            attach()
         self._views = ViewCache(count("cached_conversations", cached_conversations))
         self._retry = RetryTracker(retry or Backoff())
         self._runner = HookRunner(count("hook_threads", hook_threads))
@@ -322,7 +325,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             self._unconfirmed(cid, work)
             return self._window(cid, work), work
         try:
-            if self._leasing:
+            if self._leasing and getattr(self.state, "shared", True):
                 lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
                 if lease is None:  # another worker is delivering
                     self._unconfirmed(cid, work)
@@ -564,14 +567,17 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
 
     def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
         cid = validate_conversation_id(conversation_id)
+        if how == "clear" and not callable(getattr(self.state, "clear", None)):
+            how = "delete"  # a store from before tombstones
         with self._lock:
             self._gates.pop(cid, None)
             self._compacting.pop(cid, None)
+            if self._direct:  # in the same step, so no commit of a taken gate lands after
+                getattr(self.state, how)(cid)
         self._views.forget(cid)
         self._retry.succeeded(cid)
-        if how == "clear" and not callable(getattr(self.state, "clear", None)):
-            how = "delete"  # a store from before tombstones
-        yield from self._store(how, cid)
+        if not self._direct:
+            yield from self._store(how, cid)
 
     def seed(self, conversation_id: str, state: ConversationState) -> bool:
         """Replace the conversation's committed state with ``state``; ``True`` if stored.

@@ -29,11 +29,27 @@ class InMemoryStateStore:
     #: Its methods never block: the engine's async path calls them directly.
     nonblocking: ClassVar[bool] = True
 
+    @property
+    def shared(self) -> bool:
+        """Do several Demoters use this store? Only then do they need its leases.
+
+        One Demoter's in-process gate already keeps its conversations to one deliverer;
+        leases (and their bookkeeping on every demoting load) matter once a second
+        Demoter shares the store, as two workers share Redis.
+        """
+        return self._attached > 1
+
+    def attach(self) -> None:
+        """Count one more Demoter on this store (the engine calls it)."""
+        with self._lock:
+            self._attached += 1
+
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._states: dict[str, ConversationState] = {}
         self._leases: dict[str, tuple[str, int, float]] = {}  # holder, token, expires
         self._tokens = itertools.count(1)
         self._clock = clock
+        self._attached = 0
         self._lock = threading.Lock()
 
     def get(self, conversation_id: str) -> ConversationState | None:

@@ -128,7 +128,9 @@ def test_a_hung_sync_hook_is_bounded_by_hook_timeout_and_called_once_at_a_time()
         w = d.load("c", history, describer(d))
         slow += time.monotonic() - t0 > 0.1
         _check_bound(d, w)
-    assert slow == 1, "only the load that started the call waited for it"
+    # Only the load that started the call waits for it (loose: a busy machine may stall
+    # a few more past 0.1 s; a hook waited for on every turn would be 1,000).
+    assert 1 <= slow < 20, "only the load that started the call waited for it"
     assert time.monotonic() - began < 60  # loose: a hung hook does not stall every turn
     assert sink.calls == 1 and sink.max_running["c"] == 1, "not handed the same batch again"
     sink.release.set()

@@ -161,6 +161,7 @@ def test_clear_in_one_worker_stops_another_workers_delivery_in_flight() -> None:
 
 def test_a_leftover_lease_of_a_dead_worker_never_makes_the_window_grow() -> None:
     store, sink = InMemoryStateStore(), SharedSink()
+    worker(store, sink, "killed", lease_ttl=0.3)  # it took the lease, then died
     assert store.acquire_lease("c", "killed-worker", 0.3) is not None
     d = worker(store, sink, "d", lease_ttl=0.3)
     history: list[Msg] = []
