@@ -334,7 +334,10 @@ class Demoter(CompactionMixin, Closing):
         new = committed.window_start
         if new > old:
             records, base = work.view.records, work.view.base
-            after = sum(r.tokens for r in records[new - base :])
+            if self.policy.unit == "tokens":  # the planner measured the window already
+                after = work.plan.size
+            else:
+                after = sum(r.tokens for r in records[new - base :])
             before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
             at = 1 if work.resynced else 0
             work.events.insert(
@@ -423,12 +426,18 @@ class Demoter(CompactionMixin, Closing):
         """The window ``work`` planned, with the watermark of ``state`` (or the target)."""
         p, s = work.plan, state or work.target
         pending = max(0, p.window_start - max(s.delivered, p.pinned))
-        window = self._slice(
-            cid, work.messages, p.pinned, p.window_start, s.summary, demoted, pending, s.delivered
+        events = tuple(work.events) if work.events else ()
+        return self._slice(
+            cid,
+            work.messages,
+            p.pinned,
+            p.window_start,
+            s.summary,
+            demoted,
+            pending,
+            s.delivered,
+            events,
         )
-        if work.events:
-            window = replace(window, events=tuple(work.events))
-        return window
 
     @staticmethod
     def _slice(
@@ -440,6 +449,7 @@ class Demoter(CompactionMixin, Closing):
         demoted: int,
         pending: int,
         delivered: int,
+        events: tuple[DemoteEvent, ...] = (),
     ) -> Window[T]:
         n = len(messages)
         start = min(start, n)
@@ -447,7 +457,7 @@ class Demoter(CompactionMixin, Closing):
             head, kept = messages[:pinned], messages[start:]
         else:
             head, kept = list(messages[:pinned]), list(messages[start:])
-        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered)
+        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
 
     # -- lifecycle -------------------------------------------------------------------------
 

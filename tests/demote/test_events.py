@@ -182,3 +182,26 @@ def test_recalled_event_carries_keys_never_text() -> None:
     data = event.to_dict()
     assert (data["kind"], data["count"], data["keys"]) == ("recalled", 2, ["k3", "k4"])
     assert "secret" not in repr(data)
+
+
+@pytest.mark.parametrize("unit", ["tokens", "messages"])
+def test_demoted_event_counts_the_tokens_before_and_after_the_cut(unit: str) -> None:
+    policy = SlidingWindow.last_tokens(40) if unit == "tokens" else SlidingWindow.last_messages(4)
+    demoter = Demoter(policy)
+    describe = describer(demoter)
+    system = Msg("system", "You are a test.")
+    history = [system, *_CHAT]
+    previous = demoter.load("c", history[:3], describe)
+    cuts = 0
+    for n in range(4, 30):
+        window = demoter.load("c", history[:n], describe)
+        for event in window.events:
+            if event.kind != "demoted":
+                continue
+            cuts += 1
+            tokens = [describe(m).tokens for m in history[:n]]
+            assert (event.start, event.end) == (previous.start, window.start)
+            assert event.tokens_after == sum(tokens[window.start :])  # pinned not counted
+            assert event.tokens_before == sum(tokens[previous.start :])
+        previous = window
+    assert cuts >= 5
