@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Instrumentation", "instrument"]
 
-Attributes = Mapping[str, str | bool | int | float]
-
 
 @dataclass(frozen=True, eq=False)
 class _Source:
@@ -164,7 +162,7 @@ def instrument(
     demoter: Demoter,
     meter_provider: MeterProvider | None = None,
     *,
-    attributes: Attributes | None = None,
+    attributes: Mapping[str, str | bool | int | float] | None = None,
 ) -> Instrumentation:
     """Record ``demoter``'s activity as OpenTelemetry metrics (see the module docstring).
 
