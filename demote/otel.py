@@ -11,24 +11,25 @@ thread, never on the request path) and, for the observable instruments, from
 :meth:`demote.Demoter.stats` when the metrics are collected (the ``conversations`` count
 is one state-store query):
 
-=================================  ==========  =============================================
-metric                             unit        what
-=================================  ==========  =============================================
-``demote.loads``                   {load}      loads served (observable counter)
-``demote.pending``                 {message}   messages waiting for delivery (gauge)
-``demote.conversations``           {conversation}  conversations in the state store (gauge)
-``demote.demoted.messages``        {message}   messages that left the window
-``demote.deliveries``              {batch}     hook calls; ``demote.outcome``: ``delivered``
-                                               or ``failed``
-``demote.delivered.messages``      {message}   messages the hook accepted
-``demote.hook.duration``           s           one hook call (``demote.outcome`` as above)
-``demote.resyncs``                 {resync}    rewritten histories re-synced
-``demote.compactions``             {summary}   ``demote.outcome``: ``committed``/``failed``
-``demote.compaction.duration``     s           one summary being written
-``demote.recalls``                 {search}    recalls an adapter ran
-``demote.recalled.messages``       {message}   recalled messages placed in a prompt
-``demote.recall.duration``         s           one recall search
-=================================  ==========  =============================================
+==============================  ==============  ============================================
+metric                          unit            what
+==============================  ==============  ============================================
+``demote.loads``                {load}          loads served (observable counter)
+``demote.pending``              {message}       messages waiting for delivery (gauge)
+``demote.conversations``        {conversation}  conversations in the state store (gauge)
+``demote.demoted.messages``     {message}       messages that left the window
+``demote.deliveries``           {batch}         hook calls, by ``demote.outcome``
+                                                (``delivered`` or ``failed``)
+``demote.delivered.messages``   {message}       messages the hook accepted
+``demote.hook.duration``        s               one hook call (by ``demote.outcome``)
+``demote.resyncs``              {resync}        rewritten histories re-synced
+``demote.compactions``          {summary}       by ``demote.outcome`` (``committed``,
+                                                ``failed``)
+``demote.compaction.duration``  s               one summary being written
+``demote.recalls``              {search}        recalls an adapter ran
+``demote.recalled.messages``    {message}       recalled messages placed in a prompt
+``demote.recall.duration``      s               one recall search
+==============================  ==============  ============================================
 
 No attribute names a conversation (that would be one time series per conversation);
 ``attributes=`` adds fixed ones to every measurement, to tell several Demoters apart.
