@@ -21,7 +21,11 @@ Setups:
 - ``demote core``: :meth:`demote.Demoter.load` over a list of records, each message
   described once.
 - ``DemotingChatMessageHistory`` / ``DemotingMemory``: the adapters, over LangChain's
-  in-memory history and LlamaIndex's ``SimpleChatStore``; included when importable.
+  in-memory history and LlamaIndex's ``SimpleChatStore``; included when importable. Each
+  turn's load makes a ``demoted`` event (the window moves every turn here); no observer,
+  callback handler or instrumentation handler listens, so the events cost their making
+  and one check for a listener.
+- ``... + observer``: the same with a Demoter observer that counts events.
 
 Run alone with ``python -m bench.turn_cost``.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +197,25 @@ def demote_core(history: Pairs) -> Callable[[int], object]:
 # reported as skipped (with the reason) otherwise.
 
 
-def demoting_history(history: Pairs) -> Callable[[int], object]:
+def _observed(demoter: Any) -> None:
+    """Attach an observer that only counts (the events' cost once someone listens)."""
+    seen = [0]
+
+    def count(event: object) -> None:
+        seen[0] += 1
+
+    demoter.observe(count)
+
+
+def demoting_history(history: Pairs, observed: bool = False) -> Callable[[int], object]:
     from demote import Demoter, SlidingWindow
     from langchain_demote import DemotingChatMessageHistory
 
     inner, human = _lc(history)
-    memory = DemotingChatMessageHistory(
-        inner=inner, demoter=Demoter(SlidingWindow.last_tokens(BUDGET)), conversation_id="bench"
-    )
+    demoter = Demoter(SlidingWindow.last_tokens(BUDGET))
+    if observed:
+        _observed(demoter)
+    memory = DemotingChatMessageHistory(inner=inner, demoter=demoter, conversation_id="bench")
     _ = memory.messages  # the history so far is already planned
 
     def turn(i: int) -> object:
@@ -209,7 +225,7 @@ def demoting_history(history: Pairs) -> Callable[[int], object]:
     return turn
 
 
-def demoting_memory(history: Pairs) -> Callable[[int], object]:
+def demoting_memory(history: Pairs, observed: bool = False) -> Callable[[int], object]:
     from llama_index.core.llms import ChatMessage
 
     from demote import SlidingWindow
@@ -220,6 +236,8 @@ def demoting_memory(history: Pairs) -> Callable[[int], object]:
         policy=SlidingWindow.last_tokens(BUDGET),
         chat_store_key="bench",
     )
+    if observed:
+        _observed(memory.demoter)
     memory.get()
 
     def turn(i: int) -> object:
@@ -241,6 +259,10 @@ SETUPS: dict[str, tuple[Prepare, int | None]] = {
     "demote core (Demoter.load)": (demote_core, None),
     "DemotingChatMessageHistory": (demoting_history, None),
     "DemotingMemory": (demoting_memory, None),
+    # The same with an observer attached (events are made either way; this is their
+    # hand-off to the observer thread, which then competes for the GIL).
+    "DemotingChatMessageHistory + observer": (partial(demoting_history, observed=True), None),
+    "DemotingMemory + observer": (partial(demoting_memory, observed=True), None),
 }
 FLOOR = "floor (list + cached counts)"
 

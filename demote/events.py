@@ -18,9 +18,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from demote.records import Recalled
 
 __all__ = ["ConversationStats", "DemoteEvent", "DemoterStats", "EventKind", "Observers"]
 
@@ -93,6 +95,28 @@ class DemoteEvent:
             "fence": self.fence,
             "at": self.at,
         }
+
+    @classmethod
+    def recalled(
+        cls, conversation_id: str, hits: Sequence[Recalled], duration: float
+    ) -> DemoteEvent:
+        """The ``recalled`` event of an adapter that placed ``hits`` in a prompt.
+
+        Only the count and the dedup keys of what was recalled, never the query or the
+        recalled text (an event may leave the process, in a trace or a metric).
+
+        Args:
+            conversation_id: The conversation searched.
+            hits: The recalled messages the model is sent.
+            duration: Seconds the search took.
+        """
+        return cls(
+            "recalled",
+            conversation_id,
+            count=len(hits),
+            keys=tuple(h.key for h in hits),
+            duration=duration,
+        )
 
 
 @dataclass(frozen=True, slots=True)

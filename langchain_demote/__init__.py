@@ -19,8 +19,10 @@ Modules: :mod:`~langchain_demote.middleware` (``DemotingMiddleware`` for ``creat
 needs the ``langchain`` package, extra ``demote[agents]``, and is imported on first use),
 :mod:`~langchain_demote.history` (the chat history and ``with_demotion``),
 :mod:`~langchain_demote.messages` (pure conversion to and from the core's records),
-:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever) and
-:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``).
+:mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever),
+:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``) and
+:mod:`~langchain_demote.callbacks` (what demotion did, as custom callback events in the
+run that caused it).
 """
 
 import typing as _typing

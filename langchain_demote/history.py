@@ -9,6 +9,11 @@ Writes and clears go to the inner store (clearing resets the demotion state too)
 input without ``history_messages_key``, once more at the end, slicing its input by the
 length of the first read. So each instance remembers its last window, keyed on the inner
 store's length and last message: the window changes only when messages are added.
+
+What a read did (demoted, delivered, failed to deliver, re-synced) is dispatched as
+LangChain custom events (``"demote.demoted"``, ...) in the run that read the history, such
+as ``RunnableWithMessageHistory``'s history step (see :mod:`langchain_demote.callbacks`);
+a read outside any run dispatches nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from demote.errors import ConfigError, ConversationIdError
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
+from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.messages import from_core, message_text, to_core
 
 __all__ = ["DemotingChatMessageHistory", "with_demotion"]
@@ -94,7 +100,10 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         hit = self._recall(raw)
         if hit is not None:
             return hit
-        return self._remember(raw, self.demoter.load(self.conversation_id, raw, self._describe))
+        window = self.demoter.load(self.conversation_id, raw, self._describe)
+        if window.events:
+            dispatch_events(window.events)
+        return self._remember(raw, window)
 
     async def aget_messages(self) -> list[BaseMessage]:
         """Async :attr:`messages`: awaits the inner store and the engine's async path."""
@@ -103,6 +112,8 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         if hit is not None:
             return hit
         window = await self.demoter.aload(self.conversation_id, raw, self._describe)
+        if window.events:
+            await adispatch_events(window.events)
         return self._remember(raw, window)
 
     @property

@@ -10,6 +10,7 @@ as ``RunnablePassthrough.assign(context=retriever)``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -18,10 +19,13 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict
 
+from demote.engine import Demoter
 from demote.errors import ConfigError
+from demote.events import DemoteEvent
 from demote.hooks.base import Recall
 from demote.records import DemotedMessage, Demotion, Recalled
 from demote.state.base import validate_conversation_id
+from langchain_demote.callbacks import dispatch_events
 
 __all__ = ["ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
 
@@ -98,12 +102,15 @@ class ArchiveRetriever(BaseRetriever):
     """Recalls archived messages of one conversation as ``Document`` objects.
 
     Each document's ``page_content`` is a recalled message's text; its metadata holds
-    ``conversation_id``, ``role``, ``index``, ``key`` and ``score``.
+    ``conversation_id``, ``role``, ``index``, ``key`` and ``score``. Each search is
+    reported as a ``"demote.recalled"`` custom event in the retriever's run (count, keys,
+    duration; never the query) and, with ``demoter``, to that Demoter's observers.
 
     Attributes:
         archive: Anything with ``search(conversation_id, query, k) -> list[Recalled]``.
         conversation_id: The conversation to search.
         k: How many messages to return at most.
+        demoter: The :class:`~demote.Demoter` whose observers hear of each recall.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -111,11 +118,17 @@ class ArchiveRetriever(BaseRetriever):
     archive: Any
     conversation_id: str
     k: int = 5
+    demoter: Demoter | None = None
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
+        began = time.perf_counter()
         hits: list[Recalled] = self.archive.search(self.conversation_id, query, self.k)
+        event = DemoteEvent.recalled(self.conversation_id, hits, time.perf_counter() - began)
+        dispatch_events((event,), config={"callbacks": run_manager.get_child()})
+        if self.demoter is not None:
+            self.demoter.emit(event)
         return [
             Document(
                 page_content=hit.text,
@@ -131,7 +144,9 @@ class ArchiveRetriever(BaseRetriever):
         ]
 
 
-def archive_retriever(archive: Recall, conversation_id: str, k: int = 5) -> ArchiveRetriever:
+def archive_retriever(
+    archive: Recall, conversation_id: str, k: int = 5, *, demoter: Demoter | None = None
+) -> ArchiveRetriever:
     """A LangChain retriever over the long tail of one conversation.
 
     Example::
@@ -144,17 +159,22 @@ def archive_retriever(archive: Recall, conversation_id: str, k: int = 5) -> Arch
             :class:`~demote.hooks.archive.SQLiteArchive`.
         conversation_id: The conversation to search.
         k: How many messages to return at most (>= 1).
+        demoter: Report each recall to this Demoter's observers too (it is always
+            reported in the retriever's run as a ``"demote.recalled"`` custom event).
 
     Returns:
         An :class:`ArchiveRetriever`.
 
     Raises:
         ConversationIdError: ``conversation_id`` is unusable.
-        ConfigError: ``archive`` has no ``search`` method, or ``k < 1``.
+        ConfigError: ``archive`` has no ``search`` method, ``k < 1``, or ``demoter`` is
+            not a Demoter.
     """
     cid = validate_conversation_id(conversation_id)
     if not callable(getattr(archive, "search", None)):
         raise ConfigError(f"archive: {archive!r} has no search() method")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"k: must be an int >= 1, got {k!r}")
-    return ArchiveRetriever(archive=archive, conversation_id=cid, k=k)
+    if demoter is not None and not isinstance(demoter, Demoter):
+        raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
+    return ArchiveRetriever(archive=archive, conversation_id=cid, k=k, demoter=demoter)

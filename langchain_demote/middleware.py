@@ -48,40 +48,34 @@ state's own objects. Of its in-place edits to that list:
 Windows start on turn-group boundaries, so the model is never sent a tool result without
 its call, nor a call without its results (parallel calls included).
 
+What it reports
+---------------
+Each load's events (:attr:`demote.Window.events`: demoted, delivered, delivery_failed,
+resynced) and a ``recalled`` event when recall placed messages in the prompt are
+dispatched as LangChain custom events (``"demote.demoted"``, ...; see
+:mod:`langchain_demote.callbacks`) in the model node's run, before the model is called.
+The model call's own run carries ``metadata["demote"]``: the conversation, how many
+messages the model is sent (``pinned``, ``window``), how many of the thread's messages
+were cut (``cut``: demoted or pending, not sent), the thread's length (``total``),
+``pending``, whether a summary was sent, and how many messages were ``recalled``.
+
 Sync and async share all of this: :meth:`DemotingMiddleware._prepare` is a generator that
-yields its two I/O operations (the load, the recall search) and two short drivers run it,
-one blocking, one awaiting (STYLE.md, habit 2).
+yields its I/O operations (the load, the recall search, the pruned prefix's re-seeding;
+see :mod:`langchain_demote._preparation`) and two short drivers run it, one blocking, one
+awaiting (STYLE.md, habit 2).
 
-Pruning and stable positions
-----------------------------
-Dedup keys hold a message's absolute position, so pruning the front of the history must
-not shift positions. The state records the pruned prefix in a private field,
-``demote_pruned = {"pinned": p, "removed": n}``: the ``p`` leading system messages are
-kept, the next ``n`` messages were removed. The engine is given a view of length
-``n + len(messages)`` whose absolute index ``i`` maps to ``messages[i]`` below ``p`` and to
-``messages[i - n]`` from ``p + n`` on. The engine reads only from ``needed_from(state)``,
-which never goes below the watermark minus one, and a prune removes only messages below
-``delivered - 1`` (the message just before the watermark is kept: it is the engine's
-anchor for rewrite detection), so the pruned positions are never read.
-
-Where the count lives: in the checkpoint, written by the same ``Command`` that removes the
-messages. Removal and count are therefore one atomic state update, are per thread by
-construction, survive restarts with a durable checkpointer, and rewind together under
-LangGraph time travel. (The count cannot be derived from the demotion state alone: the
-watermark moves on after a prune, and the next prune happens one model call later.) If
-the demotion state does not cover the pruned prefix (a non-durable state store after a
-restart, ``Demoter.clear``), it is re-seeded from the checkpoint: everything up to the
-kept anchor was delivered before it was pruned.
+Pruning (``prune_state=True``) keeps every message's absolute position: the pruned prefix
+is counted in the checkpoint, and the engine reads the thread through a view that puts
+the kept messages back at their positions (:mod:`langchain_demote._pruning`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import operator
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast, overload
+import time
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, NotRequired, cast
 
 try:
     import langchain.agents  # noqa: F401
@@ -98,23 +92,25 @@ from langchain.agents.middleware.types import (
     ModelResponse,
     PrivateStateAttr,
 )
-from langchain_core.messages import (
-    AIMessage,
-    AnyMessage,
-    BaseMessage,
-    HumanMessage,
-    RemoveMessage,
-    SystemMessage,
-)
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
-from langgraph.types import Command
 
 from demote._flow import drive_async, drive_sync
 from demote.engine import Demoter, Window
-from demote.errors import ConfigError, ConversationIdError, DemoteError
+from demote.errors import ConfigError, ConversationIdError
+from demote.events import DemoteEvent
 from demote.hooks.base import Recall
-from demote.records import ConversationState, MessageRecord, Recalled
+from demote.records import MessageRecord, Recalled
+from langchain_demote._preparation import Flow, Load, Prepared, Search, model_call_metadata
+from langchain_demote._pruning import (
+    PRUNED_KEY,
+    PrunedPrefix,
+    PrunedView,
+    prune_update,
+    reconcile,
+)
+from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.messages import from_core, message_role, message_text, to_core
 
 __all__ = [
@@ -133,22 +129,8 @@ logger = logging.getLogger("demote")
 #: How recalled archive messages are introduced to the model (one system message).
 RECALL_PREFIX = "Relevant earlier messages from this conversation:\n"
 
-_PRUNED_KEY = "demote_pruned"
-
 #: How the conversation id of an agent invoked without a thread id begins.
 FIRST_MESSAGE_PREFIX = "first-message:"
-
-
-class PrunedPrefix(TypedDict):
-    """What ``prune_state=True`` removed from the front of a thread's messages.
-
-    Attributes:
-        pinned: Leading system messages kept in front (never pruned).
-        removed: Messages removed right after them, all delivered to the hook.
-    """
-
-    pinned: int
-    removed: int
 
 
 class DemotingAgentState(AgentState[Any]):
@@ -229,133 +211,6 @@ def first_message_conversation_id(messages: Sequence[BaseMessage]) -> str:
     return FIRST_MESSAGE_PREFIX + first.id
 
 
-class _PrunedView(Sequence[BaseMessage]):
-    """The thread's messages at their absolute positions, with the pruned prefix absent.
-
-    Index ``i`` is ``messages[i]`` below ``pinned``, and ``messages[i - removed]`` from
-    ``pinned + removed`` on. Reading a pruned position is a bug (the engine never reads
-    below the watermark), so it raises instead of inventing a message.
-    """
-
-    __slots__ = ("_messages", "_pinned", "_removed")
-
-    def __init__(self, messages: Sequence[BaseMessage], pinned: int, removed: int) -> None:
-        self._messages = messages
-        self._pinned = pinned
-        self._removed = removed
-
-    def __len__(self) -> int:
-        return len(self._messages) + self._removed
-
-    @overload
-    def __getitem__(self, index: int) -> BaseMessage: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[BaseMessage]: ...
-
-    def __getitem__(self, index: int | slice) -> BaseMessage | list[BaseMessage]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self)
-        i = index + n if index < 0 else index
-        if not 0 <= i < n:
-            raise IndexError(index)
-        if i < self._pinned:
-            return self._messages[i]
-        if i < self._pinned + self._removed:
-            raise DemoteError(
-                f"message {i} was pruned from the agent state; the demotion state no longer "
-                "covers it (was the thread's history rewritten below its pruned prefix?)"
-            )
-        return self._messages[i - self._removed]
-
-
-# -- the I/O a preparation needs, and its two drivers -------------------------------------
-
-
-@dataclass(slots=True)
-class _Load:
-    """Load the window (the engine delivers and commits)."""
-
-    demoter: Demoter
-    conversation_id: str
-    messages: Sequence[BaseMessage]
-    describe: Callable[[BaseMessage], MessageRecord]
-
-    def run_sync(self) -> Window[BaseMessage]:
-        return self.demoter.load(self.conversation_id, self.messages, self.describe)
-
-    async def run_async(self) -> Window[BaseMessage]:
-        return await self.demoter.aload(self.conversation_id, self.messages, self.describe)
-
-
-@dataclass(slots=True)
-class _Search:
-    """Search the long tail (``asearch`` when the recall has one, else a worker thread)."""
-
-    recall: Recall
-    conversation_id: str
-    query: str
-    k: int
-
-    def run_sync(self) -> list[Recalled]:
-        return list(self.recall.search(self.conversation_id, self.query, self.k))
-
-    async def run_async(self) -> list[Recalled]:
-        asearch = getattr(self.recall, "asearch", None)
-        if asearch is not None:
-            return list(await asearch(self.conversation_id, self.query, self.k))
-        return await asyncio.to_thread(self.run_sync)
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """The request to send and the state update to return with the response.
-
-    ``request`` is ``origin`` itself when the window is the whole request; otherwise
-    ``sent`` is what its list held when it was handed on.
-    """
-
-    request: ModelRequest[Any]
-    origin: ModelRequest[Any]
-    sent: tuple[BaseMessage, ...]
-    update: dict[str, Any] | None
-
-    def finish(
-        self, response: ModelResponse[Any]
-    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
-        if self.request is not self.origin:
-            self._mirror_appends()
-        if self.update is None:
-            return response
-        return ExtendedModelResponse(model_response=response, command=Command(update=self.update))
-
-    def _mirror_appends(self) -> None:
-        """Messages an inner middleware appended to the window, appended to the original."""
-        now, n = self.request.messages, len(self.sent)
-        target = self.origin.messages
-        if len(now) > n and isinstance(target, list) and all(map(operator.is_, now, self.sent)):
-            target.extend(now[n:])
-
-
-@dataclass(slots=True)
-class _Call:
-    """Call an engine method: ``sync(*args)`` blocking, ``asynchronous(*args)`` awaited."""
-
-    sync: Callable[..., Any]
-    asynchronous: Callable[..., Any]
-    args: tuple[Any, ...]
-
-    def run_sync(self) -> Any:
-        return self.sync(*self.args)
-
-    async def run_async(self) -> Any:
-        return await self.asynchronous(*self.args)
-
-
-_Flow = Generator[_Load | _Search | _Call, Any, _Prepared]
-
-
 class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     """Keeps an agent's model calls to demote's active window, on the shared engine.
 
@@ -434,7 +289,10 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         """Send the model the window instead of the whole history (sync agents)."""
         prepared = drive_sync(self._prepare(request))
-        return prepared.finish(handler(prepared.request))
+        dispatch_events(prepared.events)
+        with model_call_metadata(prepared.metadata):
+            response = handler(prepared.request)
+        return prepared.finish(response)
 
     async def awrap_model_call(
         self,
@@ -443,7 +301,10 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     ) -> ModelResponse[Any] | AIMessage | ExtendedModelResponse[Any]:
         """Send the model the window instead of the whole history (async agents)."""
         prepared = await drive_async(self._prepare(request))
-        return prepared.finish(await handler(prepared.request))
+        await adispatch_events(prepared.events)
+        with model_call_metadata(prepared.metadata):
+            response = await handler(prepared.request)
+        return prepared.finish(response)
 
     # -- shared logic ------------------------------------------------------------------------
 
@@ -465,17 +326,20 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             )
         return first_message_conversation_id(request.state["messages"])
 
-    def _prepare(self, request: ModelRequest[Any]) -> _Flow:
+    def _prepare(self, request: ModelRequest[Any]) -> Flow:
         cid = self._conversation(request)
         messages: Sequence[BaseMessage] = request.messages
-        pruned = cast("PrunedPrefix | None", request.state.get(_PRUNED_KEY))
+        pruned = cast("PrunedPrefix | None", request.state.get(PRUNED_KEY))
         if pruned and pruned["removed"]:
-            messages = _PrunedView(messages, pruned["pinned"], pruned["removed"])
-            yield from self._reconcile(cid, messages, pruned["pinned"], pruned["removed"])
+            messages = PrunedView(messages, pruned["pinned"], pruned["removed"])
+            yield from reconcile(
+                self.demoter, self._describe, cid, messages, pruned["pinned"], pruned["removed"]
+            )
 
-        window: Window[BaseMessage] = yield _Load(self.demoter, cid, messages, self._describe)
+        window: Window[BaseMessage] = yield Load(self.demoter, cid, messages, self._describe)
         sent = from_core(window)
-
+        events = list(window.events)
+        recalled = 0
         if self.recall is not None:
             at = next(
                 (i for i in range(len(sent) - 1, -1, -1) if message_role(sent[i]) == "user"),
@@ -483,92 +347,40 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             )
             query = message_text(sent[at]) if at is not None else ""
             if at is not None and query.strip():
+                began = time.perf_counter()
                 try:
-                    hits: list[Recalled] = yield _Search(self.recall, cid, query, self.recall_k)
+                    hits: list[Recalled] = yield Search(self.recall, cid, query, self.recall_k)
                 except Exception as exc:
                     logger.warning("demote: recall failed for conversation %r: %r", cid, exc)
-                    hits = []
-                # Only the long tail: a message still in the window is sent anyway.
-                hits = [h for h in hits if h.index < window.start]
-                if hits:
-                    sent.insert(at, self._recall_message(render_recall(hits)))
+                else:
+                    # Only the long tail: a message still in the window is sent anyway.
+                    hits = [h for h in hits if h.index < window.start]
+                    if hits:
+                        sent.insert(at, self._recall_message(render_recall(hits)))
+                    event = DemoteEvent.recalled(cid, hits, time.perf_counter() - began)
+                    self.demoter.emit(event)
+                    events.append(event)
+                    recalled = len(hits)
 
-        update = (
-            self._prune_update(cid, window, request.messages, pruned) if self.prune_state else None
-        )
+        update = prune_update(cid, window, request.messages, pruned) if self.prune_state else None
+        metadata = {"demote": _run_metadata(window, recalled)}
         if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
-            return _Prepared(request, request, (), update)  # the whole request: hand it on
+            # The whole request: hand it on untouched.
+            return Prepared(request, request, (), update, tuple(events), metadata)
         to_send = request.override(messages=cast("list[AnyMessage]", sent))
-        return _Prepared(to_send, request, tuple(sent), update)
+        return Prepared(to_send, request, tuple(sent), update, tuple(events), metadata)
 
-    def _prune_update(
-        self,
-        cid: str,
-        window: Window[BaseMessage],
-        messages: Sequence[BaseMessage],
-        pruned: PrunedPrefix | None,
-    ) -> dict[str, Any] | None:
-        """The state update removing what the hook accepted, or ``None`` if nothing new.
 
-        ``window.delivered`` is the watermark the load committed (or found): only what
-        the hook accepted is pruned, never what is still pending.
-        """
-        if window.delivered <= len(window.pinned):
-            return None  # nothing delivered yet
-        pinned = pruned["pinned"] if pruned else len(window.pinned)
-        removed = pruned["removed"] if pruned else 0
-        # Keep the message just before the watermark: the engine reads it (its anchor).
-        count = window.delivered - 1 - (pinned + removed)
-        if count <= 0:
-            return None
-        victims = list(messages[pinned : pinned + count])
-        ids = [m.id for m in victims]
-        if len(victims) < count or any(i is None for i in ids):
-            logger.warning("demote: not pruning conversation %r: messages without ids", cid)
-            return None
-        return {
-            "messages": [RemoveMessage(id=cast(str, i)) for i in ids],
-            _PRUNED_KEY: PrunedPrefix(pinned=pinned, removed=removed + count),
-        }
-
-    def _reconcile(
-        self, cid: str, view: Sequence[BaseMessage], pinned: int, removed: int
-    ) -> Generator[_Call, Any, None]:
-        """Re-seed a demotion state that does not cover the pruned prefix.
-
-        Everything below ``floor = pinned + removed`` was pruned after the hook accepted
-        it, and ``view[floor]`` is the kept anchor, also delivered. A state that would make
-        the engine read below ``floor`` (lost with a non-durable store, cleared, or from a
-        history rewritten below the prefix) is replaced by one whose window starts right
-        after the anchor.
-        """
-        floor = pinned + removed
-        if len(view) <= floor:
-            raise DemoteError(
-                f"conversation {cid!r}: the agent state is shorter than its pruned prefix"
-            )
-        d = self.demoter
-        s: ConversationState = yield _Call(d.state_of, d.astate_of, (cid,))
-        if (
-            s.pinned == pinned
-            and floor < s.window_start <= len(view)
-            and s.delivered >= floor
-            and self._describe(view[s.window_start - 1]).fingerprint == s.anchor
-        ):
-            return
-        seeded = ConversationState(
-            window_start=floor + 1,
-            delivered=floor + 1,
-            pinned=pinned,
-            anchor=self._describe(view[floor]).fingerprint,
-            summary=s.summary,
-            summarized=min(s.summarized, floor + 1),
-            generation=s.generation + 1,
-        )
-        logger.warning(
-            "demote: demotion state of conversation %r does not cover its pruned prefix "
-            "(%d messages); re-seeding it from the agent state",
-            cid,
-            floor,
-        )
-        yield _Call(d.seed, d.aseed, (cid, seeded))
+def _run_metadata(window: Window[BaseMessage], recalled: int) -> dict[str, Any]:
+    """What the model call's run records about the window it was sent."""
+    pinned = len(window.pinned)
+    return {
+        "conversation_id": window.conversation_id,
+        "pinned": pinned,
+        "window": len(window.messages),
+        "cut": window.start - pinned,
+        "total": window.total,
+        "pending": window.pending,
+        "summary": window.summary is not None,
+        "recalled": recalled,
+    }

@@ -10,6 +10,8 @@ Install with ``pip install 'demote[llamaindex]'``::
 - :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
 - :mod:`llamaindex_demote.persist`: how a memory is saved and restored (``to_dict``,
   pickle; live parts by the names :mod:`demote.registry` gives them).
+- :mod:`llamaindex_demote.instrumentation`: what each read did, as LlamaIndex
+  instrumentation events (``DemoteDemotedEvent``, ...) any registered handler sees.
 - :mod:`llamaindex_demote.messages`: pure ``to_core`` / ``from_core`` conversion.
 - :mod:`llamaindex_demote.summarizer`: :class:`LLMSummarizer` for the ``Compact`` strategy.
 """

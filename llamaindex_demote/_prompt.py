@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from llama_index.core.base.llms.types import ChatMessage
 
 from demote.engine import Demoter, Window, render_summary
+from demote.events import DemoteEvent
 from demote.hooks.base import Capture, Recall
 from demote.records import MessageRecord, Recalled
+from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import core_role, from_core, recall_message, text_of
 
 __all__ = ["Parts", "assemble"]
@@ -92,8 +94,16 @@ class Parts:
         query, at = _recall_point(window.messages, input)
         return (self.recall, query, at) if query else None
 
-    def prompt(
-        self, window: Window[ChatMessage], hits: Sequence[Recalled], at: int
+    def recalled(
+        self, window: Window[ChatMessage], hits: Sequence[Recalled], at: int, took: float
     ) -> list[ChatMessage]:
-        """The messages to send: the window, with the hits it does not show at ``at``."""
-        return assemble(window, _visible(window, hits, self.recall_k), at)
+        """The messages to send: the window, with the hits it does not show at ``at``.
+
+        The recall is reported (a ``recalled`` event of what the model is sent, to
+        LlamaIndex's instrumentation and the Demoter's observers).
+        """
+        shown = _visible(window, hits, self.recall_k)
+        event = DemoteEvent.recalled(window.conversation_id, shown, took)
+        self.demoter.emit(event)
+        emit_events((event,))
+        return assemble(window, shown, at)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreM
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote._checks import check_message, check_messages
-from demote.engine import Demoter
+from demote.engine import Demoter, Window
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.policy import SlidingWindow
@@ -46,6 +47,7 @@ from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
 from llamaindex_demote import persist
 from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote.instrumentation import dispatcher, emit_events
 from llamaindex_demote.messages import core_role, to_core
 
 __all__ = ["DemotingMemory"]
@@ -309,7 +311,10 @@ class DemotingMemory(BaseChatStoreMemory):
     ) -> list[ChatMessage]:
         """The messages to send the model: pinned, summary, window, and recall.
 
-        Loading demotes whatever fell out of the window (once) before returning.
+        Loading demotes whatever fell out of the window (once) before returning. What it
+        did is sent to LlamaIndex's instrumentation (see
+        :mod:`llamaindex_demote.instrumentation`); with ``recall=``, inside a span of its
+        own.
 
         Args:
             input: The user's question, if the caller has it (recall query). Without it
@@ -324,32 +329,62 @@ class DemotingMemory(BaseChatStoreMemory):
             New list; the memory's own messages are the chat store's objects.
         """
         self._check_initial(initial_token_count)
-        parts, cid = self._p, self.chat_store_key
-        window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
-        ask = parts.recall_query(window, input)
-        if ask is None:
-            return assemble(window)
-        recall, query, at = ask
-        return parts.prompt(window, recall.search(cid, query, self._fetch_k(parts)), at)
+        if self._p.recall is None:
+            return assemble(self._load())
+        return self._recalling_get(input)
 
     async def aget(
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
     ) -> list[ChatMessage]:
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
         self._check_initial(initial_token_count)
+        if self._p.recall is None:
+            return assemble(await self._aload())
+        return await self._arecalling_get(input)
+
+    def _load(self) -> Window[ChatMessage]:
+        parts, cid = self._p, self.chat_store_key
+        window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
+        if window.events:
+            emit_events(window.events)
+        return window
+
+    async def _aload(self) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
         window = await parts.demoter.aload(cid, messages, parts.describe)
+        if window.events:
+            emit_events(window.events)
+        return window
+
+    @dispatcher.span
+    def _recalling_get(self, input: str | None) -> list[ChatMessage]:
+        """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
+        parts, window = self._p, self._load()
         ask = parts.recall_query(window, input)
         if ask is None:
             return assemble(window)
         recall, query, at = ask
+        began = time.perf_counter()
+        hits = recall.search(self.chat_store_key, query, self._fetch_k(parts))
+        return parts.recalled(window, hits, at, time.perf_counter() - began)
+
+    @dispatcher.span
+    async def _arecalling_get(self, input: str | None) -> list[ChatMessage]:
+        """Async :meth:`_recalling_get`: awaits ``asearch``, or runs ``search`` in a thread."""
+        parts, window = self._p, await self._aload()
+        ask = parts.recall_query(window, input)
+        if ask is None:
+            return assemble(window)
+        recall, query, at = ask
+        cid, k = self.chat_store_key, self._fetch_k(parts)
+        began = time.perf_counter()
         asearch = getattr(recall, "asearch", None)
         if asearch is not None:
-            hits = await asearch(cid, query, self._fetch_k(parts))
+            hits = await asearch(cid, query, k)
         else:
-            hits = await asyncio.to_thread(recall.search, cid, query, self._fetch_k(parts))
-        return parts.prompt(window, hits, at)
+            hits = await asyncio.to_thread(recall.search, cid, query, k)
+        return parts.recalled(window, hits, at, time.perf_counter() - began)
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""

@@ -188,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     ins = subs.add_parser(
         "inspect",
         help="show conversations in a state store and archive",
-        description="Per conversation: window start, watermark, pinned messages, archived "
-        "count, summary length; with --outbox, pending items and dead letters.",
+        description="Per conversation: window start, watermark, pending messages, pinned "
+        "messages, archived count, summary length; with --outbox, pending items and dead "
+        "letters with their conversation and last error. The last delivery error of a "
+        "conversation is kept by the process that delivers, not in the state store.",
     )
     ins.add_argument("--state", metavar="state.db", help="an SQLiteStateStore file")
     ins.add_argument("--archive", metavar="archive.db", help="an SQLiteArchive file")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,7 +272,13 @@ def inspect_stores(
     outbox: str | os.PathLike[str] | None = None,
     conversation: str | None = None,
 ) -> None:
-    """Print each conversation's demotion state, archive size and dead letters.
+    """Print each conversation's demotion state, pending messages, archive size and dead letters.
+
+    Pending messages (they left the window, the hook has not accepted them yet) come from
+    the state store. The last delivery error is not stored there: the process that
+    delivers keeps it (``Demoter.conversation_stats``, ``demote.delivery_failed`` events,
+    the ``demote`` logger), which the output says when something is pending. With an
+    outbox, each dead letter is listed with its conversation and last error.
 
     Raises:
         ConfigError: No store given, a given file does not exist, or ``conversation`` is
@@ -291,15 +298,19 @@ def inspect_stores(
                     + (f" (it has {_few(ids)})" if ids else " (no conversations at all)")
                 )
             ids = {conversation} & ids
-        header = ["conversation", "window start", "watermark", "pinned", "archived", "summary"]
-        rows = [header]
+        header = ["conversation", "window start", "watermark", "pending", "pinned", "archived"]
+        rows = [[*header, "summary"]]
+        pending: dict[str, int] = {}
         for cid in sorted(ids):
             s = st.get(cid) if st else None
+            if s is not None:
+                pending[cid] = max(0, s.window_start - max(s.delivered, s.pinned))
             rows.append(
                 [
                     cid,
                     "-" if s is None else str(s.window_start),
                     "-" if s is None else str(s.delivered),
+                    "-" if s is None else str(pending[cid]),
                     "-" if s is None else str(s.pinned),
                     "-" if ar is None else str(ar.count(cid)),
                     "-" if s is None or s.summary is None else f"{len(s.summary)} chars",
@@ -310,6 +321,15 @@ def inspect_stores(
                 out.write("no conversations\n")
         else:
             out.write("\n".join(table(rows)) + "\n")
+        waiting = {cid: n for cid, n in pending.items() if n}
+        if waiting:
+            out.write(
+                f"\n{sum(waiting.values())} messages pending in {len(waiting)} conversations "
+                f"({_few(set(waiting))}): they left the window before the hook accepted them "
+                "and are retried by the next loads. The state store does not keep the "
+                "delivery error; the process that delivers does (Demoter.conversation_stats, "
+                "demote.delivery_failed events, warnings on the 'demote' logger).\n"
+            )
         if conversation is not None and st is not None:
             s = st.get(conversation)
             if s is not None and s.summary:
@@ -324,9 +344,15 @@ def inspect_stores(
 
         with SQLiteOutbox(_existing(outbox, "outbox")) as box:
             dead = box.dead_letters()
-            out.write(f"\noutbox {outbox}: {box.pending()} pending, {len(dead)} dead letters\n")
-            for d in dead:
-                out.write(f"  {d.key}  attempts={d.attempts}  {d.error or ''}\n")
+            of = [(getattr(d.item, "conversation_id", None), d) for d in dead]
+            if conversation is not None:
+                of = [(c, d) for c, d in of if c == conversation]
+            out.write(f"\noutbox {outbox}: {box.pending()} pending, {len(of)} dead letters\n")
+            for owner, d in of:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.failed_at))
+                out.write(
+                    f"  {owner or '-'}  {d.key}  attempts={d.attempts}  {when}  {d.error or ''}\n"
+                )
 
 
 def _few(ids: set[str], n: int = 3) -> str:

@@ -156,8 +156,10 @@ def test_inspect_shows_both_conversations(demo_runs: tuple[Path, list[str]]) -> 
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line}
     assert {"demo-langchain", "demo-llamaindex"} <= set(rows)
-    start, watermark, _, archived = rows["demo-langchain"][1:5]
+    start, watermark, pending, _, archived = rows["demo-langchain"][1:6]
     assert int(start) == int(watermark) == int(archived) > 0
+    assert pending == "0"
+    assert "pending in" not in proc.stdout  # nothing pending: no note
 
 
 def test_inspect_one_conversation_with_an_outbox(demo_runs: tuple[Path, list[str]]) -> None:
@@ -197,7 +199,7 @@ def test_inspect_right_aligns_numbers(demo_runs: tuple[Path, list[str]]) -> None
     header, *rows = proc.stdout.splitlines()
     # Every column after the first (the conversation id) ends where its header ends.
     ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", header)][1:]
-    assert len(ends) == 5
+    assert len(ends) == 6
     for row in rows:
         assert [m.end() for m in re.finditer(r"\S+", row)][1:] == ends, (header, row)
 

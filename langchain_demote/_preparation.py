@@ -1,0 +1,142 @@
+"""What one model call's preparation yields and returns (``DemotingMiddleware``).
+
+The middleware's preparation is a generator (shared by ``wrap_model_call`` and
+``awrap_model_call``, STYLE.md habit 2) that yields its I/O as the operations below; each
+has a blocking ``run_sync`` and an awaited ``run_async``, run by
+:func:`demote._flow.drive_sync` and :func:`demote._flow.drive_async`. It returns a
+:class:`Prepared`: the request to hand on, the state update to return with the response,
+the events to report in the run, and the metadata to put on the model call's run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import operator
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain.agents.middleware.types import (
+    ExtendedModelResponse,
+    ModelRequest,
+    ModelResponse,
+)
+from langchain_core.messages import BaseMessage
+from langchain_core.runnables.config import var_child_runnable_config
+from langgraph.types import Command
+
+from demote.engine import Demoter, Window
+from demote.events import DemoteEvent
+from demote.hooks.base import Recall
+from demote.records import MessageRecord, Recalled
+
+__all__ = ["Call", "Load", "Prepared", "Search", "model_call_metadata"]
+
+
+@dataclass(slots=True)
+class Load:
+    """Load the window (the engine delivers and commits)."""
+
+    demoter: Demoter
+    conversation_id: str
+    messages: Sequence[BaseMessage]
+    describe: Callable[[BaseMessage], MessageRecord]
+
+    def run_sync(self) -> Window[BaseMessage]:
+        return self.demoter.load(self.conversation_id, self.messages, self.describe)
+
+    async def run_async(self) -> Window[BaseMessage]:
+        return await self.demoter.aload(self.conversation_id, self.messages, self.describe)
+
+
+@dataclass(slots=True)
+class Search:
+    """Search the long tail (``asearch`` when the recall has one, else a worker thread)."""
+
+    recall: Recall
+    conversation_id: str
+    query: str
+    k: int
+
+    def run_sync(self) -> list[Recalled]:
+        return list(self.recall.search(self.conversation_id, self.query, self.k))
+
+    async def run_async(self) -> list[Recalled]:
+        asearch = getattr(self.recall, "asearch", None)
+        if asearch is not None:
+            return list(await asearch(self.conversation_id, self.query, self.k))
+        return await asyncio.to_thread(self.run_sync)
+
+
+@dataclass(slots=True)
+class Call:
+    """Call an engine method: ``sync(*args)`` blocking, ``asynchronous(*args)`` awaited."""
+
+    sync: Callable[..., Any]
+    asynchronous: Callable[..., Any]
+    args: tuple[Any, ...]
+
+    def run_sync(self) -> Any:
+        return self.sync(*self.args)
+
+    async def run_async(self) -> Any:
+        return await self.asynchronous(*self.args)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The request to send and the state update to return with the response.
+
+    ``request`` is ``origin`` itself when the window is the whole request; otherwise
+    ``sent`` is what its list held when it was handed on. ``events`` are what the load
+    (and the recall) did, to report in the model node's run; ``metadata`` goes on the
+    model call's run.
+    """
+
+    request: ModelRequest[Any]
+    origin: ModelRequest[Any]
+    sent: tuple[BaseMessage, ...]
+    update: dict[str, Any] | None
+    events: tuple[DemoteEvent, ...] = ()
+    metadata: dict[str, Any] | None = None
+
+    def finish(
+        self, response: ModelResponse[Any]
+    ) -> ModelResponse[Any] | ExtendedModelResponse[Any]:
+        if self.request is not self.origin:
+            self._mirror_appends()
+        if self.update is None:
+            return response
+        return ExtendedModelResponse(model_response=response, command=Command(update=self.update))
+
+    def _mirror_appends(self) -> None:
+        """Messages an inner middleware appended to the window, appended to the original."""
+        now, n = self.request.messages, len(self.sent)
+        target = self.origin.messages
+        if len(now) > n and isinstance(target, list) and all(map(operator.is_, now, self.sent)):
+            target.extend(now[n:])
+
+
+@contextlib.contextmanager
+def model_call_metadata(metadata: dict[str, Any] | None) -> Iterator[None]:
+    """Runs inside have ``metadata`` merged into their ``RunnableConfig["metadata"]``.
+
+    ``create_agent`` invokes the model without a config, so the model call takes the
+    model node's config (LangChain's documented inheritance: a runnable invoked inside
+    another gets its config, whose ``metadata`` every child run carries). The model's run
+    therefore records ``metadata``; outside any run (no config) nothing changes.
+    """
+    config = var_child_runnable_config.get()
+    if config is None or not metadata:
+        yield
+        return
+    merged = {**config, "metadata": {**config.get("metadata", {}), **metadata}}
+    token = var_child_runnable_config.set(merged)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        var_child_runnable_config.reset(token)
+
+
+Flow = Generator[Load | Search | Call, Any, Prepared]

@@ -1,0 +1,172 @@
+"""``prune_state=True``: removing delivered messages from the agent state, positions kept.
+
+Dedup keys hold a message's absolute position, so pruning the front of the history must
+not shift positions. The state records the pruned prefix in a private field,
+``demote_pruned = {"pinned": p, "removed": n}``: the ``p`` leading system messages are
+kept, the next ``n`` messages were removed. The engine is given a view of length
+``n + len(messages)`` whose absolute index ``i`` maps to ``messages[i]`` below ``p`` and to
+``messages[i - n]`` from ``p + n`` on. The engine reads only from ``needed_from(state)``,
+which never goes below the watermark minus one, and a prune removes only messages below
+``delivered - 1`` (the message just before the watermark is kept: it is the engine's
+anchor for rewrite detection), so the pruned positions are never read.
+
+Where the count lives: in the checkpoint, written by the same ``Command`` that removes the
+messages. Removal and count are therefore one atomic state update, are per thread by
+construction, survive restarts with a durable checkpointer, and rewind together under
+LangGraph time travel. (The count cannot be derived from the demotion state alone: the
+watermark moves on after a prune, and the next prune happens one model call later.) If
+the demotion state does not cover the pruned prefix (a non-durable state store after a
+restart, ``Demoter.clear``), it is re-seeded from the checkpoint: everything up to the
+kept anchor was delivered before it was pruned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypedDict, cast, overload
+
+from langchain_core.messages import BaseMessage, RemoveMessage
+
+from demote.engine import Demoter, Window
+from demote.errors import DemoteError
+from demote.records import ConversationState, MessageRecord
+from langchain_demote._preparation import Call
+
+__all__ = ["PRUNED_KEY", "PrunedPrefix", "PrunedView", "prune_update", "reconcile"]
+
+logger = logging.getLogger("demote")
+
+#: The private agent-state field that records the pruned prefix.
+PRUNED_KEY = "demote_pruned"
+
+
+class PrunedPrefix(TypedDict):
+    """What ``prune_state=True`` removed from the front of a thread's messages.
+
+    Attributes:
+        pinned: Leading system messages kept in front (never pruned).
+        removed: Messages removed right after them, all delivered to the hook.
+    """
+
+    pinned: int
+    removed: int
+
+
+class PrunedView(Sequence[BaseMessage]):
+    """The thread's messages at their absolute positions, with the pruned prefix absent.
+
+    Index ``i`` is ``messages[i]`` below ``pinned``, and ``messages[i - removed]`` from
+    ``pinned + removed`` on. Reading a pruned position is a bug (the engine never reads
+    below the watermark), so it raises instead of inventing a message.
+    """
+
+    __slots__ = ("_messages", "_pinned", "_removed")
+
+    def __init__(self, messages: Sequence[BaseMessage], pinned: int, removed: int) -> None:
+        self._messages = messages
+        self._pinned = pinned
+        self._removed = removed
+
+    def __len__(self) -> int:
+        return len(self._messages) + self._removed
+
+    @overload
+    def __getitem__(self, index: int) -> BaseMessage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[BaseMessage]: ...
+
+    def __getitem__(self, index: int | slice) -> BaseMessage | list[BaseMessage]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(index)
+        if i < self._pinned:
+            return self._messages[i]
+        if i < self._pinned + self._removed:
+            raise DemoteError(
+                f"message {i} was pruned from the agent state; the demotion state no longer "
+                "covers it (was the thread's history rewritten below its pruned prefix?)"
+            )
+        return self._messages[i - self._removed]
+
+
+def prune_update(
+    cid: str,
+    window: Window[BaseMessage],
+    messages: Sequence[BaseMessage],
+    pruned: PrunedPrefix | None,
+) -> dict[str, Any] | None:
+    """The state update removing what the hook accepted, or ``None`` if nothing new.
+
+    ``window.delivered`` is the watermark the load committed (or found): only what the
+    hook accepted is pruned, never what is still pending.
+    """
+    if window.delivered <= len(window.pinned):
+        return None  # nothing delivered yet
+    pinned = pruned["pinned"] if pruned else len(window.pinned)
+    removed = pruned["removed"] if pruned else 0
+    # Keep the message just before the watermark: the engine reads it (its anchor).
+    count = window.delivered - 1 - (pinned + removed)
+    if count <= 0:
+        return None
+    victims = list(messages[pinned : pinned + count])
+    ids = [m.id for m in victims]
+    if len(victims) < count or any(i is None for i in ids):
+        logger.warning("demote: not pruning conversation %r: messages without ids", cid)
+        return None
+    return {
+        "messages": [RemoveMessage(id=cast(str, i)) for i in ids],
+        PRUNED_KEY: PrunedPrefix(pinned=pinned, removed=removed + count),
+    }
+
+
+def reconcile(
+    demoter: Demoter,
+    describe: Callable[[BaseMessage], MessageRecord],
+    cid: str,
+    view: Sequence[BaseMessage],
+    pinned: int,
+    removed: int,
+) -> Generator[Call, Any, None]:
+    """Re-seed a demotion state that does not cover the pruned prefix.
+
+    Everything below ``floor = pinned + removed`` was pruned after the hook accepted it,
+    and ``view[floor]`` is the kept anchor, also delivered. A state that would make the
+    engine read below ``floor`` (lost with a non-durable store, cleared, or from a history
+    rewritten below the prefix) is replaced by one whose window starts right after the
+    anchor.
+    """
+    floor = pinned + removed
+    if len(view) <= floor:
+        raise DemoteError(
+            f"conversation {cid!r}: the agent state is shorter than its pruned prefix"
+        )
+    d = demoter
+    s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+    if (
+        s.pinned == pinned
+        and floor < s.window_start <= len(view)
+        and s.delivered >= floor
+        and describe(view[s.window_start - 1]).fingerprint == s.anchor
+    ):
+        return
+    seeded = ConversationState(
+        window_start=floor + 1,
+        delivered=floor + 1,
+        pinned=pinned,
+        anchor=describe(view[floor]).fingerprint,
+        summary=s.summary,
+        summarized=min(s.summarized, floor + 1),
+        generation=s.generation + 1,
+    )
+    logger.warning(
+        "demote: demotion state of conversation %r does not cover its pruned prefix "
+        "(%d messages); re-seeding it from the agent state",
+        cid,
+        floor,
+    )
+    yield Call(d.seed, d.aseed, (cid, seeded))
