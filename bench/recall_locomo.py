@@ -1,20 +1,31 @@
-"""Evidence retained on LoCoMo: the active window alone versus window plus archive recall.
+"""Evidence retained on LoCoMo: the active window alone versus window plus recall.
 
 Each LoCoMo conversation is replayed turn by turn (speaker_a as ``user``, speaker_b as
 ``assistant``). The active window is the newest messages that fit in ``window_tokens``
 (about ``ceil((len(text) + len(role)) / 4) + 3`` tokens a message); whatever falls out is
-delivered to the archive as :class:`~demote.records.Demotion` batches, as the engine would.
+delivered to the store as :class:`~demote.records.Demotion` batches, as the engine would.
 At the end, every question of categories 1-4 is asked: it counts as *retained* when each of
-its evidence turns is in the window or among the top ``k`` messages the archive recalls for
-the question text. Questions whose evidence is empty or names no turn of the conversation
-(a few annotation slips) are skipped and counted.
+its evidence turns is in the window or among the messages recalled for the question text.
+Questions whose evidence is empty or names no turn of the conversation (a few annotation
+slips) are skipped and counted.
 
-Run ``python -m bench.recall_locomo`` (from the repository root) to print the table. The
-data is read from ``../shared/data/locomo`` (or ``$DEMOTE_LOCOMO``); it is never copied.
+Recall is measured two ways for every setup: the top ``k`` hits (``k=5``, ``k=10``), and
+whatever fits in a budget of 250, 500 or 1,000 recalled tokens (``search(...,
+budget_tokens=B)``; tokens are ``ceil(characters / 4)`` of each returned text). The mean
+tokens each way spends are reported beside it, so a setup cannot win by spending more of
+the prompt.
+
+Tuning is honest only on conversations it never saw: every variant here was tuned on the
+conversations not in :data:`HELD_OUT`, and the table reports those held out apart.
+
+Run ``python -m bench.recall_locomo`` (from the repository root) to print every variant;
+``--setups NAME ...`` runs some. The data is read from ``../shared/data/locomo`` (or
+``$DEMOTE_LOCOMO``); it is never copied.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -27,17 +38,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
+#: Never used to choose a variant or an option; reported apart.
+HELD_OUT = frozenset({"conv-41", "conv-43"})
+KS = (5, 10)
+BUDGETS = (250, 500, 1000)
+#: Hits asked for when only the budget should bind.
+BUDGET_K = 100
 
 
-class Archive(Protocol):
+class Store(Protocol):
     def deliver(self, batch: Demotion) -> None: ...
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]: ...
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]: ...
 
 
 @dataclass(frozen=True)
@@ -104,8 +122,13 @@ def tokens(role: str, text: str) -> int:
     return math.ceil((len(text) + len(role)) / 4) + 3
 
 
-def replay(conv: Conversation, archive: Archive, window_tokens: int) -> int:
-    """Feed ``conv`` through a token window, demoting into ``archive``; returns window start."""
+def recalled_tokens(hits: Sequence[Recalled]) -> int:
+    """What recall costs the prompt: the archive's default counter over the texts."""
+    return sum(math.ceil(len(h.text) / 4) for h in hits)
+
+
+def replay(conv: Conversation, store: Store, window_tokens: int) -> int:
+    """Feed ``conv`` through a token window, demoting into ``store``; returns window start."""
     start, used, delivered = 0, 0, 0
     for i, turn in enumerate(conv.turns):
         used += tokens(turn.role, turn.text)
@@ -123,103 +146,95 @@ def replay(conv: Conversation, archive: Archive, window_tokens: int) -> int:
                 )
                 for j, t in enumerate(conv.turns[delivered:start], start=delivered)
             )
-            archive.deliver(Demotion(conv.name, batch))
+            store.deliver(Demotion(conv.name, batch))
             delivered = start
     return start
 
 
+def measures(ks: Sequence[int] = KS, budgets: Sequence[int] = BUDGETS) -> list[str]:
+    return ["window", *(f"k={k}" for k in ks), *(f"{b} tok" for b in budgets)]
+
+
 def evaluate(
-    archive_factory: Callable[[], Archive],
+    store_factory: Callable[[], Store],
     window_tokens: int = 2000,
-    ks: Sequence[int] = (5, 10),
+    ks: Sequence[int] = KS,
+    budgets: Sequence[int] = BUDGETS,
     directory: Path | None = None,
 ) -> dict[str, Any]:
-    """Evidence-retained rates for the window alone and for window plus top-``k`` recall.
+    """Evidence retained per conversation, for the window alone and with recall.
 
     Args:
-        archive_factory: Makes one empty archive; every conversation is delivered to it
-            under its own conversation id.
+        store_factory: Makes one empty store; every conversation is delivered to it under
+            its own conversation id.
         window_tokens: Token budget of the active window.
-        ks: Recall depths to measure.
+        ks: Top-k depths to measure.
+        budgets: Recalled-token budgets to measure (``search(..., budget_tokens=b)``).
         directory: Where the ``conv-*.json`` files are (default: :func:`data_dir`).
 
     Returns:
-        ``{"questions": n, "skipped": m, "seconds": s, "rates": {setup: {category: rate}}}``
-        where setup is ``"window"`` or ``"k=5"`` etc., category is a category name or
-        ``"overall"``, and rate is a fraction in ``[0, 1]``.
+        ``{"seconds": s, "conversations": {name: {"skipped", "questions": {category: n},
+        "hits": {measure: {category: n}}, "tokens": {measure: total}}}}``; measures are
+        ``"window"``, ``"k=5"``, ..., ``"250 tok"``, ...
     """
-    setups = ["window", *(f"k={k}" for k in ks)]
-    hits = {s: {c: 0 for c in CATEGORIES} for s in setups}
-    totals = dict.fromkeys(CATEGORIES, 0)
-    skipped = 0
     began = time.perf_counter()
-    archive = archive_factory()
+    store = store_factory()
+    per: dict[str, Any] = {}
+    searches: list[tuple[str, int, int | None]] = [
+        *((f"k={k}", k, None) for k in ks),
+        *((f"{b} tok", BUDGET_K, b) for b in budgets),
+    ]
     try:
         for conv in conversations(directory):
-            skipped += conv.skipped
-            start = replay(conv, archive, window_tokens)
+            start = replay(conv, store, window_tokens)
             window = {t.dia_id for t in conv.turns[start:]}
-            for question, category, evidence in conv.questions:
-                totals[category] += 1
+            names = measures(ks, budgets)
+            hits = {m: dict.fromkeys(CATEGORIES.values(), 0) for m in names}
+            spent = dict.fromkeys(names, 0)
+            asked = dict.fromkeys(CATEGORIES.values(), 0)
+            for question, number, evidence in conv.questions:
+                category = CATEGORIES[number]
+                asked[category] += 1
                 missing = evidence - window
                 hits["window"][category] += not missing
-                for k in ks:
-                    found = {
-                        conv.turns[r.index].dia_id for r in archive.search(conv.name, question, k)
-                    }
-                    hits[f"k={k}"][category] += not (missing - found)
+                for name, k, budget in searches:
+                    found = store.search(conv.name, question, k, budget_tokens=budget)
+                    spent[name] += recalled_tokens(found)
+                    ids = {conv.turns[r.index].dia_id for r in found if 0 <= r.index}
+                    hits[name][category] += not (missing - ids)
+            per[conv.name] = {
+                "skipped": conv.skipped,
+                "questions": asked,
+                "hits": hits,
+                "tokens": spent,
+            }
     finally:
-        close = getattr(archive, "close", None)
+        close = getattr(store, "close", None)
         if close is not None:
             close()
-    n = sum(totals.values())
-    rates = {
-        s: {
-            **{CATEGORIES[c]: hits[s][c] / totals[c] for c in CATEGORIES if totals[c]},
-            "overall": sum(hits[s].values()) / n if n else 0.0,
-        }
-        for s in setups
-    }
-    return {
-        "questions": n,
-        "skipped": skipped,
-        "per_category": {CATEGORIES[c]: totals[c] for c in CATEGORIES},
-        "seconds": time.perf_counter() - began,
-        "rates": rates,
-    }
+    return {"seconds": time.perf_counter() - began, "conversations": per}
+
+
+def rates(result: dict[str, Any], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Rates over some conversations (default: all): ``{measure: {category: rate}}``.
+
+    Each measure also has ``"overall"`` and ``"tokens"`` (mean recalled tokens per
+    question), and the result ``"questions"``.
+    """
+    convs = [c for n, c in result["conversations"].items() if names is None or n in names]
+    asked = {c: sum(v["questions"][c] for v in convs) for c in CATEGORIES.values()}
+    total = sum(asked.values())
+    out: dict[str, Any] = {"questions": total}
+    for measure in convs[0]["hits"] if convs else []:
+        found = {c: sum(v["hits"][measure][c] for v in convs) for c in CATEGORIES.values()}
+        row = {c: found[c] / asked[c] for c in CATEGORIES.values() if asked[c]}
+        row["overall"] = sum(found.values()) / total if total else 0.0
+        row["tokens"] = sum(v["tokens"][measure] for v in convs) / total if total else 0.0
+        out[measure] = row
+    return out
 
 
 def speaker_and_date(message: DemotedMessage) -> str | None:
     """Context for the archive: who said it and when (from the replay's ``raw``)."""
     raw = message.raw
     return f"{raw['speaker']} {raw['date']}" if isinstance(raw, dict) else None
-
-
-def _table(title: str, result: dict[str, Any]) -> str:
-    rates = result["rates"]
-    columns = [*(CATEGORIES[c] for c in CATEGORIES), "overall"]
-    lines = [
-        f"{title}  ({result['questions']} questions, {result['skipped']} skipped, "
-        f"{result['seconds']:.1f}s)",
-        f"{'setup':<10}" + "".join(f"{c:>13}" for c in columns),
-    ]
-    for setup, row in rates.items():
-        lines.append(f"{setup:<10}" + "".join(f"{row.get(c, 0.0):>12.1%} " for c in columns))
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] = ()) -> None:
-    setups: dict[str, dict[str, Any]] = {
-        "plain BM25 (coverage=0, neighbours=0)": {"coverage": 0.0, "neighbours": 0.0},
-        "SQLiteArchive defaults": {},
-        "defaults + speaker/date context": {"context": speaker_and_date},
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        for n, (title, options) in enumerate(setups.items()):
-            path = Path(tmp) / f"archive-{n}.db"
-            result = evaluate(lambda p=path, o=options: SQLiteArchive(p, **o))
-            print(_table(title, result), end="\n\n")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -29,7 +29,7 @@ Ranking: the query is split into plain terms, stop words are dropped, each term 
 asks a question joins the pool (it may share no word with the query yet hold the answer).
 Terms absent from the conversation are left out of the BM25 pass, and so are the most
 frequent ones once the terms' document frequencies add up to more than
-``_rank.MATCH_BUDGET`` (1000) messages, which bounds a search's work in a long
+``_lexical.MATCH_BUDGET`` (1000) messages, which bounds a search's work in a long
 conversation (such terms carry little IDF; they still count towards coverage). A
 candidate's score is ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
 ``s = bm25 * (1 + coverage * c)``: ``c`` is the IDF-weighted share (IDF within the
@@ -42,6 +42,7 @@ higher-better and comparable within one search only.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import os
@@ -49,12 +50,14 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from demote._closing import Closing
 from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks import _fts, _rank
+from demote.hooks import _fts, _lexical, _rank
 from demote.hooks._fts import STOP_WORDS, query_terms
 from demote.records import DemotedMessage, Demotion, Recalled
+from demote.tokens import Counter, resolve_counter
 
 __all__ = ["SQLiteArchive"]
 
@@ -79,11 +82,20 @@ _SCHEMA = (
         INSERT INTO messages_fts (messages_fts, rowid, scope, text, context)
         VALUES ('delete', old.id, old.scope, old.text, old.context);
     END""",
-    *_rank.STATS_SCHEMA,
+    *_lexical.STATS_SCHEMA,
 )
 
 #: Produces the optional context string indexed with a message (``None`` for none).
 ContextFn = Callable[[DemotedMessage], str | None]
+
+
+class _Request(NamedTuple):
+    """A checked search: conversation, query terms, hits wanted, token budget."""
+
+    conversation_id: str
+    terms: list[str]
+    k: int
+    budget: int | None
 
 
 def _check_id(conversation_id: object) -> str:
@@ -139,7 +151,14 @@ class SQLiteArchive(Closing):
             (doubled when the preceding message asks a question; half as much comes from
             the following message); ``0`` scores each message alone.
         pool: How many BM25 candidates are re-scored per search (at least ``k``).
-        stop_words: Lowercased words dropped from queries.
+        after: How many of the messages that follow a hit come back with it, as one
+            unit (a question's answer is often the turn after the one that matched).
+        counter: Counts the tokens of a returned text for ``budget_tokens``: a counter
+            name (``"approx"``, the default: characters / 4, rounded up; ``"tiktoken"``)
+            or any ``str -> int`` callable. Only the text counts, not the role.
+        stop_words: Lowercased words dropped from queries; ``None`` (the default) uses
+            :data:`demote.hooks._fts.STOP_WORDS`, 189 common English function words
+            and question words.
         timeout: Seconds to wait for a lock held by another connection.
 
     Raises:
@@ -156,7 +175,9 @@ class SQLiteArchive(Closing):
         coverage: float = 1.0,
         neighbours: float = 0.4,
         pool: int = 50,
-        stop_words: Iterable[str] = STOP_WORDS,
+        after: int = 0,
+        counter: str | Counter = "approx",
+        stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
     ) -> None:
         for name, value in (
@@ -169,12 +190,16 @@ class SQLiteArchive(Closing):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if pool < 1:
             raise ConfigError(f"pool must be >= 1, got {pool!r}")
+        if after < 0:
+            raise ConfigError(f"after must be >= 0, got {after!r}")
         self._context = context
         self._ranking = _rank.Ranking(
-            (0.0, 1.0, float(context_weight)), pool, float(coverage), float(neighbours)
+            (0.0, 1.0, float(context_weight)), pool, float(coverage), float(neighbours), after
         )
+        self._count = resolve_counter(counter)
         self._stems = _fts.Stems()
-        self._stop_words = frozenset(w.lower() for w in stop_words)
+        words = STOP_WORDS if stop_words is None else stop_words
+        self._stop_words = frozenset(w.lower() for w in words)
         self._lock = threading.RLock()
         self._closed = False
         try:
@@ -209,7 +234,7 @@ class SQLiteArchive(Closing):
             for statement in _SCHEMA:
                 db.execute(statement)
             if version != _SCHEMA_VERSION:
-                _rank.rebuild_terms(db)  # version 1 had no statistics
+                _lexical.rebuild_terms(db)  # version 1 had no statistics
                 db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
             db.execute("COMMIT")
         except BaseException:
@@ -279,41 +304,88 @@ class SQLiteArchive(Closing):
                 "VALUES (?, ?, ?, ?, ?, ?, ?)"
             )
             stored = [(r[3], r[4]) for r in rows if db.execute(insert, r).rowcount > 0]
-            _rank.add_terms(db, conversation_id, stored)
+            _lexical.add_terms(db, conversation_id, stored)
 
     # -- recall -------------------------------------------------------------------------
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
-        """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``.
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """The stored messages of ``conversation_id`` most relevant to ``query``.
 
         Args:
             conversation_id: The conversation to search; no other is ever read.
             query: Free text; it is never interpreted as FTS5 syntax.
-            k: How many messages to return at most.
+            k: How many hits to return at most (with ``after > 0`` each hit comes with
+                the messages that follow it, so more messages than ``k`` may come back).
+            budget_tokens: Most tokens the returned texts may cost together, counted
+                by the archive's ``counter`` (``None``: no limit). Hits are taken best
+                first; one that does not fit is left out and a later, shorter one may
+                take its place.
 
         Returns:
-            Best first; empty when the query has no searchable terms or nothing matches.
+            Best first (a hit's followers right after it, in conversation order); empty
+            when the query has no searchable terms or nothing matches.
 
         Raises:
             ConversationIdError: The conversation id is empty or not a string.
+            ConfigError: ``budget_tokens`` is negative or not an int.
             StoreError: SQLite failed.
         """
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        return self._lookup(request)
+
+    async def asearch(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """:meth:`search` for async callers: the SQLite work runs in a worker thread.
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            ConfigError: ``budget_tokens`` is negative or not an int.
+            StoreError: SQLite failed.
+        """
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        return await asyncio.to_thread(self._lookup, request)
+
+    def _request(
+        self, conversation_id: str, query: str, k: int, budget_tokens: int | None
+    ) -> _Request | None:
+        """Check a search's arguments; ``None`` when it can only find nothing."""
         conversation_id = _check_id(conversation_id)
-        if k < 1:
-            return []
+        if budget_tokens is not None and (
+            isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 0
+        ):
+            raise ConfigError(f"budget_tokens must be an int >= 0 or None, got {budget_tokens!r}")
         terms = query_terms(query, self._stop_words)
-        if not terms:
-            return []
+        if k < 1 or budget_tokens == 0 or not terms:
+            return None
+        return _Request(conversation_id, terms, k, budget_tokens)
+
+    def _lookup(self, request: _Request) -> list[Recalled]:
+        conversation_id, terms, k, budget = request
         with self._locked("search the archive") as db:
             db.execute("BEGIN")  # one snapshot; the scratch table is written in it
             try:
                 scope, tokens = _scope(conversation_id), self._stems(db, terms)
-                hits = _rank.search(db, conversation_id, scope, terms, tokens, self._ranking, k)
+                scores, rows = _lexical.score(
+                    db, conversation_id, scope, terms, tokens, self._ranking, k
+                )
+                by_index = {r.index: r for r in reversed(rows)}
+                after = self._ranking.after
+                if after and scores:
+                    wanted = {i + d for i in scores for d in range(1, after + 1)}
+                    found = _lexical.rows_at(db, conversation_id, wanted - by_index.keys())
+                    by_index.update((r.index, r) for r in found)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-        return hits
+        return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self._count)
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -373,7 +445,7 @@ class SQLiteArchive(Closing):
         """Remove every stored message of ``conversation_id``; returns how many."""
         conversation_id = _check_id(conversation_id)
         with self._transaction("delete a conversation") as db:
-            _rank.drop_terms(db, conversation_id)
+            _lexical.drop_terms(db, conversation_id)
             cursor = db.execute(
                 "DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)
             )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demote.hooks import _fts, _rank
+from demote.hooks import _fts, _lexical, _rank
 from demote.hooks.archive import SQLiteArchive, _scope
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
 
@@ -173,7 +173,7 @@ def test_a_failed_migration_leaves_the_version_1_file_as_it_was(
         db.execute("INSERT INTO conversations (conversation_id, messages) VALUES ('x', 1)")
         raise sqlite3.OperationalError("disk on fire")
 
-    monkeypatch.setattr(_rank, "rebuild_terms", broken)
+    monkeypatch.setattr(_lexical, "rebuild_terms", broken)
     with pytest.raises(Exception, match="disk on fire"):
         SQLiteArchive(path)
     db = sqlite3.connect(path)
@@ -204,14 +204,14 @@ def test_stems_come_from_the_index_tokenizer() -> None:
 
 def test_pick_terms_keeps_the_rarest_within_the_budget() -> None:
     terms = ["a", "b", "c", "d", "e"]
-    assert _rank.pick_terms(terms, [5, 0, 3, 9, 1], budget=100) == ["a", "c", "d", "e"]
-    assert _rank.pick_terms(terms, [500, 0, 300, 900, 100], budget=1000) == ["a", "c", "e"]
-    assert _rank.pick_terms(terms, [5000, 0, 3000, 9000, 1001], budget=1000) == ["e"]
-    assert _rank.pick_terms(terms, [0] * 5, budget=1000) == []
+    assert _lexical.pick_terms(terms, [5, 0, 3, 9, 1], budget=100) == ["a", "c", "d", "e"]
+    assert _lexical.pick_terms(terms, [500, 0, 300, 900, 100], budget=1000) == ["a", "c", "e"]
+    assert _lexical.pick_terms(terms, [5000, 0, 3000, 9000, 1001], budget=1000) == ["e"]
+    assert _lexical.pick_terms(terms, [0] * 5, budget=1000) == []
 
 
 def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path) -> None:
-    filler = [f"the weather was fine on day {i}" for i in range(_rank.MATCH_BUDGET + 50)]
+    filler = [f"the weather was fine on day {i}" for i in range(_lexical.MATCH_BUDGET + 50)]
     texts = [*filler, "umbrella alone", "an umbrella for the weather", "umbrella again"]
     with SQLiteArchive(tmp_path / "a.db") as archive:
         archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
@@ -226,7 +226,7 @@ def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path
 
 def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int) -> list[Recalled]:
     """The ranking before term statistics: counts from the index on every search."""
-    weights, pool, coverage_weight, neighbours = archive._ranking
+    weights, pool, coverage_weight, neighbours, _ = archive._ranking
     terms = _fts.query_terms(query)
     if not terms:
         return []
@@ -265,9 +265,13 @@ def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int)
             if row[0] in matched:
                 hits[row[0]] = hits.get(row[0], 0.0) + idf
     shares = {i: w / weight_sum for i, w in hits.items()} if len(terms) > 1 else {}
+    candidates = [_rank.Candidate(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
     if neighbours > 0:
-        rows += _rank.replies(db, conversation_id, rows)
-    return _rank.rescore(rows, shares, coverage_weight, neighbours)[:k]
+        questions = {c.index + 1 for c in candidates if "?" in c.text}
+        have = {c.index for c in candidates}
+        candidates += _lexical.rows_at(db, conversation_id, questions - have)
+    scores = _rank.lexical_scores(candidates, shares, coverage_weight, neighbours)
+    return _rank.select(scores, {c.index: c for c in reversed(candidates)}, k)
 
 
 @pytest.mark.parametrize("context_weight", [1.0, 0.0])
@@ -290,13 +294,13 @@ def test_below_the_budget_search_ranks_as_counting_everything_did(
 
 
 def test_past_the_budget_only_the_newest_matches_are_scored(tmp_path: Path) -> None:
-    n = _rank.MATCH_BUDGET + 100
+    n = _lexical.MATCH_BUDGET + 100
     texts = ["weather weather weather report", *(f"the weather on day {i}" for i in range(n))]
     with SQLiteArchive(tmp_path / "a.db") as archive:
         archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
         hits = archive.search("c", "weather", k=10)
         assert len(hits) == 10
-        assert all(h.index > len(texts) - 1 - _rank.MATCH_BUDGET for h in hits)
+        assert all(h.index > len(texts) - 1 - _lexical.MATCH_BUDGET for h in hits)
         # Below the budget the same message wins on its term frequency.
         archive.delete("c")
         fewer = [*texts[:20], *(f"a quiet day {i}" for i in range(40))]
