@@ -11,6 +11,8 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     │   └── HookTimeout(TimeoutError)      an async hook did not finish within ``hook_timeout``
     ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
     ├── StoreError                         a state store, archive or outbox backend failed
+    ├── EmbeddingError                     an embedding model failed or returned bad vectors
+    │   └── EmbeddingModelChanged          an archive holds another model's vectors
     └── MissingExtraError(ImportError)     an optional extra is not installed
 
 Backend exceptions (``sqlite3.Error`` and friends) are translated at the boundary that
@@ -23,6 +25,8 @@ __all__ = [
     "ConfigError",
     "ConversationIdError",
     "DemoteError",
+    "EmbeddingError",
+    "EmbeddingModelChanged",
     "HookError",
     "HookTimeout",
     "MissingExtraError",
@@ -66,6 +70,18 @@ class SummarizerError(DemoteError):
 
 class StoreError(DemoteError):
     """A state store, archive or outbox backend failed."""
+
+
+class EmbeddingError(DemoteError):
+    """An embedding model failed, or returned vectors of the wrong number or shape."""
+
+
+class EmbeddingModelChanged(EmbeddingError):
+    """An archive holds vectors of another embedding model (name or dimensions).
+
+    Vectors of two models are never compared: open the archive with the model it was
+    built with, or with ``on_model_change="reembed"`` to replace every stored vector.
+    """
 
 
 class MissingExtraError(DemoteError, ImportError):

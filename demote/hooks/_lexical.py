@@ -82,11 +82,12 @@ def score(
     """
     weights, pool, coverage_weight, neighbours, _ = ranking
     columns = ("text", "context") if weights[2] > 0 else ("text",)
+    searched = (*columns, "adjacent") if weights[3] > 0 else columns
     total, df = term_stats(db, conversation_id, tokens, len(columns) > 1)
     chosen = pick_terms(terms, df)
     if not chosen:
         return {}, []
-    expression = f"scope : {quote(scope)} AND {match_any(chosen, columns)}"
+    expression = f"scope : {quote(scope)} AND {match_any(chosen, searched)}"
     rows = candidates(db, conversation_id, expression, weights, max(pool, k))
     if not rows:
         return {}, []
@@ -107,7 +108,7 @@ def candidates(
     db: sqlite3.Connection,
     conversation_id: str,
     expression: str,
-    weights: tuple[float, float, float],
+    weights: tuple[float, float, float, float],
     limit: int,
     newest: int = MATCH_BUDGET,
 ) -> list[Candidate]:
@@ -120,7 +121,7 @@ def candidates(
     rows = db.execute(
         f"SELECT {_COLUMNS}, c.score FROM ("
         "  SELECT id, score FROM ("
-        "    SELECT rowid AS id, -bm25(messages_fts, ?, ?, ?) AS score FROM messages_fts"
+        "    SELECT rowid AS id, -bm25(messages_fts, ?, ?, ?, ?) AS score FROM messages_fts"
         "    WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
         "  ) ORDER BY score DESC, id LIMIT ?"
         ") AS c JOIN messages AS m ON m.id = c.id WHERE m.conversation_id = ? "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from demote.records import Recalled
@@ -38,7 +39,8 @@ __all__ = [
 ]
 
 
-class Candidate(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Candidate:
     """One stored message a search considers."""
 
     #: The store's row id (unique within one search).
@@ -57,9 +59,9 @@ class Candidate(NamedTuple):
 class Ranking(NamedTuple):
     """An archive's ranking options (see :class:`~demote.hooks.archive.SQLiteArchive`)."""
 
-    #: BM25 weights of the ``scope``, ``text`` and ``context`` columns; the context is
-    #: searched only when its weight is positive.
-    weights: tuple[float, float, float]
+    #: BM25 weights of the ``scope``, ``text``, ``context`` and ``adjacent`` columns; the
+    #: context and the adjacent text are searched only when their weight is positive.
+    weights: tuple[float, float, float, float]
     #: How many BM25 candidates are re-scored (at least ``k``).
     pool: int
     #: Weight of the coverage factor.
