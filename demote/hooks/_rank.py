@@ -31,6 +31,7 @@ __all__ = [
     "Ranking",
     "coverage",
     "fuse_rrf",
+    "fit",
     "fuse_weighted",
     "lexical_scores",
     "minmax",
@@ -205,3 +206,22 @@ def select(
             for i in sorted(members)
         )
     return picked
+
+
+def fit(hits: Sequence[Recalled], budget: int | None, cost: Callable[[str], int]) -> list[Recalled]:
+    """``hits`` (best first) cut to ``budget`` tokens by :func:`select`'s rule.
+
+    A hit that does not fit what is left is skipped, and a later, shorter one may still
+    fit. For stores that rank by themselves (mem0).
+    """
+    if budget is None:
+        return list(hits)
+    kept: list[Recalled] = []
+    for hit in hits:
+        if budget <= 0:
+            break
+        tokens = cost(hit.text)
+        if tokens <= budget:
+            kept.append(hit)
+            budget -= tokens
+    return kept
