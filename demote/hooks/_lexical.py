@@ -29,6 +29,7 @@ __all__ = [
     "rebuild_terms",
     "rows_at",
     "score",
+    "speakers",
     "term_stats",
 ]
 
@@ -37,6 +38,10 @@ STATS_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS conversations (
         id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL UNIQUE, messages INTEGER NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS speakers (
+        conversation_id TEXT NOT NULL, speaker TEXT NOT NULL,
+        PRIMARY KEY (conversation_id, speaker)
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS terms (
         conversation INTEGER NOT NULL, term TEXT NOT NULL,
         in_text INTEGER NOT NULL, in_any INTEGER NOT NULL,
@@ -48,12 +53,12 @@ STATS_SCHEMA = (
 #: terms it uses (see :func:`pick_terms`); this is what bounds the cost of a search.
 MATCH_BUDGET = 1000
 
-_COLUMNS = "m.id, m.idx, m.role, m.text, m.key, m.context"
+_COLUMNS = "m.id, m.idx, m.role, m.text, m.key, m.context, m.speaker"
 
 
-def _candidate(row: tuple[int, int, str, str, str, str, float]) -> Candidate:
-    row_id, idx, role, text, key, context, bm25 = row
-    return Candidate(row_id, idx, role, text, key, bm25, context)
+def _candidate(row: tuple[int, int, str, str, str, str, str, float]) -> Candidate:
+    row_id, idx, role, text, key, context, speaker, bm25 = row
+    return Candidate(row_id, idx, role, text, key, bm25, context, speaker)
 
 
 def score(
@@ -178,6 +183,16 @@ def containment(
     return {row_id: frozenset(s) for row_id, s in sets.items()}
 
 
+def speakers(db: sqlite3.Connection, conversation_id: str) -> list[str]:
+    """The speakers named in ``conversation_id``'s stored contexts."""
+    return [
+        s
+        for (s,) in db.execute(
+            "SELECT speaker FROM speakers WHERE conversation_id = ?", (conversation_id,)
+        )
+    ]
+
+
 # -- term statistics -------------------------------------------------------------------
 
 
@@ -224,6 +239,7 @@ def rebuild_terms(db: sqlite3.Connection, chunk: int = 2000) -> None:
 
 def drop_terms(db: sqlite3.Connection, conversation_id: str) -> None:
     """Forget ``conversation_id``'s statistics (its messages are being deleted)."""
+    db.execute("DELETE FROM speakers WHERE conversation_id = ?", (conversation_id,))
     db.execute(
         "DELETE FROM terms WHERE conversation = "
         "(SELECT id FROM conversations WHERE conversation_id = ?)",

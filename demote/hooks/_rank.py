@@ -32,9 +32,11 @@ __all__ = [
     "coverage",
     "fuse_rrf",
     "fit",
+    "favour_speakers",
     "fuse_weighted",
     "lexical_scores",
     "minmax",
+    "named_speakers",
     "select",
     "term_weights",
 ]
@@ -55,6 +57,8 @@ class Candidate:
     bm25: float
     #: The indexed context string (speaker, date), never returned.
     context: str = ""
+    #: Who said it, when the context named a speaker (else empty).
+    speaker: str = ""
 
 
 class Ranking(NamedTuple):
@@ -149,6 +153,33 @@ def fuse_rrf(
         for rank, index in enumerate(ranked, start=1):
             fused[index] = fused.get(index, 0.0) + 1.0 / (k + rank)
     return fused
+
+
+def named_speakers(terms: Sequence[str], speakers: Sequence[str]) -> set[str]:
+    """The ``speakers`` a query names: every word of the name is among its ``terms``."""
+    have = set(terms)
+    return {s for s in speakers if s and set(s.lower().split()) <= have}
+
+
+def favour_speakers(
+    scores: Mapping[int, float],
+    rows: Mapping[int, Candidate],
+    speakers: set[str],
+    weight: float,
+) -> dict[int, float]:
+    """Scores of messages said by one of ``speakers`` multiplied by ``1 + weight``.
+
+    A question that names a speaker ("What books has Melanie read?") is mostly answered
+    by that speaker's own turns, while the other speaker's turns that address them by
+    name ("Thanks, Melanie!") match the name best. Scores must be non-negative.
+    """
+    if not speakers or weight <= 0:
+        return dict(scores)
+    factor = 1.0 + weight
+    return {
+        i: s * factor if i in rows and rows[i].speaker in speakers else s
+        for i, s in scores.items()
+    }
 
 
 def select(

@@ -11,13 +11,16 @@
                             tokenize='porter unicode61')
     conversations(id, conversation_id UNIQUE, messages)      -- messages stored
     terms(conversation, term, in_text, in_any)               -- document frequencies
+    speakers(conversation_id, speaker)                       -- who speaks in each
     vectors(seq AUTOINCREMENT, message UNIQUE, conversation_id, idx, vector BLOB)
     settings(name PRIMARY KEY, value)                        -- which model made the vectors
 
 ``adjacent`` holds the text of the messages just before and just after (kept in step as
 neighbours arrive, by :func:`refresh_adjacent`), so a reply is found by the words of the
-question it answers. Version 2 files gain ``speaker``, ``adjacent``, the vector tables and
-a rebuilt full-text index when opened; version 1 files also gain the term statistics.
+question it answers. ``speaker`` (and the ``speakers`` table) come from a context mapping's
+``"speaker"``. Version 2 files gain ``speaker``, ``adjacent``, the speakers and vector
+tables and a rebuilt full-text index when opened; version 1 files also gain the term
+statistics.
 Each migration runs in the opening transaction: it completes or leaves the file as it was.
 """
 

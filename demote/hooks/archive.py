@@ -26,7 +26,8 @@ candidate's score is ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
 conversation) of the query's terms the message contains, and ``q`` is 2 when message
 ``i-1`` asks a question (contains "?"), else 1. Coverage prefers a message that matches
 the whole query over one that repeats a word; the neighbour term lifts a reply whose
-question matched ("which team did you sign with?" / "The Minnesota Wolves!").
+question matched ("which team did you sign with?" / "The Minnesota Wolves!"). A query
+that names a speaker of the conversation favours that speaker's own messages.
 
 Dense ranking (with ``embeddings=``): every message is embedded once, when it is stored
 (as ``"speaker: text"`` when the context names a speaker), and its vector kept in the same
@@ -114,6 +115,8 @@ def _clean(text: str) -> str:
     return text
 
 
+
+
 def _embedded(speaker: str, text: str) -> str:
     return f"{speaker}: {text}" if speaker else text
 
@@ -149,6 +152,9 @@ class SQLiteArchive(Closing):
         neighbours: Share of the preceding message's score added to a message's score
             (doubled when the preceding message asks a question; half as much comes from
             the following message); ``0`` scores each message alone.
+        speaker_weight: When a query names a speaker of the conversation (a context
+            mapping's ``"speaker"``), that speaker's messages score ``1 + speaker_weight``
+            times as much; ``0`` turns it off.
         pool: How many BM25 candidates (and nearest vectors) are ranked per search (at
             least ``k``).
         after: How many of the messages that follow a hit come back with it, as one
@@ -188,6 +194,7 @@ class SQLiteArchive(Closing):
         adjacent_weight: float = 0.3,
         coverage: float = 1.0,
         neighbours: float = 0.4,
+        speaker_weight: float = 1.0,
         pool: int = 50,
         after: int = 0,
         counter: str | Counter = "approx",
@@ -203,6 +210,7 @@ class SQLiteArchive(Closing):
             ("adjacent_weight", adjacent_weight),
             ("coverage", coverage),
             ("neighbours", neighbours),
+            ("speaker_weight", speaker_weight),
             ("timeout", timeout),
         ):
             if not math.isfinite(value) or value < 0:
@@ -232,6 +240,7 @@ class SQLiteArchive(Closing):
         if embeddings is not None:
             self._embedder = as_embedder(embeddings)
             _vectors.numpy()  # fail now, not at the first delivery
+        self._speaker_weight = float(speaker_weight)
         self._fusion = fusion
         self._dense_weight = float(dense_weight)
         self._vectors = _vectors.VectorIndex()
@@ -373,6 +382,10 @@ class SQLiteArchive(Closing):
             if vectors:
                 self._store_model(db, dims)
             _lexical.add_terms(db, conversation_id, [(r.text, r.context) for r in stored])
+            db.executemany(
+                "INSERT OR IGNORE INTO speakers (conversation_id, speaker) VALUES (?, ?)",
+                {(conversation_id, r.speaker) for r in stored if r.speaker},
+            )
             _schema.refresh_adjacent(
                 db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
             )
@@ -498,6 +511,9 @@ class SQLiteArchive(Closing):
             try:
                 scores: dict[int, float] = {}
                 rows: list[_rank.Candidate] = []
+                named: set[str] = set()
+                if self._speaker_weight > 0:
+                    named = _rank.named_speakers(terms, _lexical.speakers(db, conversation_id))
                 if terms:
                     scope, tokens = _scope(conversation_id), self._stems(db, terms)
                     scores, rows = _lexical.score(
@@ -512,6 +528,7 @@ class SQLiteArchive(Closing):
                 if wanted:
                     found = _lexical.rows_at(db, conversation_id, wanted)
                     by_index.update((r.index, r) for r in found)
+                scores = _rank.favour_speakers(scores, by_index, named, self._speaker_weight)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise

@@ -137,3 +137,32 @@ async def test_asearch_gives_what_search_gives(tmp_path: Path) -> None:
             expected = archive.search("c", query, k=3, budget_tokens=budget)
             assert await archive.asearch("c", query, k=3, budget_tokens=budget) == expected
         assert await archive.asearch("c", "which team", k=0) == []
+
+
+def test_a_named_speakers_own_messages_are_favoured() -> None:
+    said = [
+        ("Caroline", "Thanks, Melanie! Books are great."),
+        ("Melanie", "I read a book about the stars."),
+        ("Caroline", "Melanie, which book, Melanie?"),
+        ("Melanie", "A small book."),
+    ]
+    messages = tuple(
+        DemotedMessage("user", text, i, make_key("c", i, fingerprint("user", text)), raw=who)
+        for i, (who, text) in enumerate(said)
+    )
+
+    def context(m: DemotedMessage) -> dict[str, str]:
+        return {"speaker": m.raw}
+
+    options = {"context": context, "context_weight": 0.0, "adjacent_weight": 0.0, "neighbours": 0.0}
+    with (
+        SQLiteArchive(":memory:", speaker_weight=4, **options) as favoured,  # type: ignore[arg-type]
+        SQLiteArchive(":memory:", speaker_weight=0, **options) as plain,  # type: ignore[arg-type]
+    ):
+        for archive in (favoured, plain):
+            archive.deliver(Demotion("c", messages))
+        assert plain.search("c", "Melanie book", k=1)[0].text == said[2][1]
+        top = favoured.search("c", "Melanie book", k=2)
+        assert {h.text for h in top} == {said[1][1], said[3][1]}
+        # A query that names no speaker ranks as before.
+        assert favoured.search("c", "book", k=4) == plain.search("c", "book", k=4)
