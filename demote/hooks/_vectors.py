@@ -5,7 +5,7 @@ vectors with numpy (one matrix product) instead of keeping an approximate index;
 ``sqlite-vec`` extension would need an SQLite that can load extensions, which Python's
 own often cannot. Vectors are L2-normalised float32 when stored, so a dot product is the
 cosine. A conversation's matrix is cached in memory and reloaded when its vectors change
-(checked by their count and newest sequence number, which AUTOINCREMENT never reuses).
+(checked by their newest sequence number, which AUTOINCREMENT never reuses).
 
 The ``settings`` table records which model made the stored vectors (its name and
 dimensions); :func:`check_model` refuses, or clears for re-embedding, when another model
@@ -120,7 +120,7 @@ class VectorIndex:
     """
 
     def __init__(self, conversations: int = 16) -> None:
-        self._cache: OrderedDict[str, tuple[tuple[int, int], Any, Any]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[int, Any, Any]] = OrderedDict()
         self._size = conversations
         self._lock = threading.Lock()
 
@@ -131,11 +131,14 @@ class VectorIndex:
 
     def _matrix(self, db: sqlite3.Connection, conversation_id: str, dims: int) -> tuple[Any, Any]:
         np = numpy()
-        count, newest = db.execute(
-            "SELECT count(*), coalesce(max(seq), 0) FROM vectors WHERE conversation_id = ?",
+        # Vectors are only ever added, or deleted with their whole conversation (or all
+        # of them, to re-embed), and AUTOINCREMENT never reuses a number: the newest
+        # sequence number alone tells whether the cached matrix is still the stored one.
+        (newest,) = db.execute(
+            "SELECT coalesce(max(seq), 0) FROM vectors WHERE conversation_id = ?",
             (conversation_id,),
         ).fetchone()
-        version = (int(count), int(newest))
+        version = int(newest)
         with self._lock:
             hit = self._cache.get(conversation_id)
             if hit is not None and hit[0] == version:

@@ -469,16 +469,10 @@ class SQLiteArchive(Closing):
     async def asearch(
         self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
     ) -> list[Recalled]:
-        """:meth:`search` for async callers.
+        """:meth:`search` for async callers: the same arguments, answer and errors.
 
         The query is embedded with the model's async method; the SQLite work runs in a
         worker thread.
-
-        Raises:
-            ConversationIdError: The conversation id is empty or not a string.
-            ConfigError: ``budget_tokens`` is negative or not an int.
-            EmbeddingError: The model failed to embed the query.
-            StoreError: SQLite failed.
         """
         request = self._request(conversation_id, query, k, budget_tokens)
         if request is None:

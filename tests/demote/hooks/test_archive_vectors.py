@@ -87,8 +87,12 @@ def test_each_message_is_embedded_once_in_one_batch(tmp_path: Path) -> None:
         archive.deliver(batch("c", TEXTS[0], "A new puppy!", start=0))
         assert model.batches == [TEXTS, ["A new puppy!"]]
         assert stored_vectors(archive) == 5
+        assert archive.search("c", "automobile", k=1)[0].text == TEXTS[0]  # caches "c"
         assert archive.delete("c") == 5
         assert stored_vectors(archive) == 0
+        assert archive.search("c", "automobile") == []
+        archive.deliver(batch("c", "Selling my vehicle.", *TEXTS[1:]))
+        assert archive.search("c", "automobile", k=1)[0].text == "Selling my vehicle."
 
 
 def test_a_speaker_from_the_context_prefixes_the_embedded_text(tmp_path: Path) -> None:
