@@ -404,42 +404,51 @@ def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str
         "plain FTS5 BM25": lambda p: SQLiteArchive(p, coverage=0, neighbours=0, adjacent_weight=0),
         "v1 ranking (coverage + reply lift)": lambda p: SQLiteArchive(p, adjacent_weight=0),
         "v1 ranking + speaker/date context": lambda p: SQLiteArchive(
-            p, context=c, adjacent_weight=0
+            p, context=c, adjacent_weight=0, speaker_weight=0
         ),
+        "defaults, no context": lambda p: SQLiteArchive(p),
         "defaults + speaker/date context": lambda p: SQLiteArchive(p, context=c),
     }
     if variants:
         found |= {
-            "+ a hit's next turn as one unit (after=1)": lambda p: SQLiteArchive(
+            "  without neighbours' text": lambda p: SQLiteArchive(p, context=c, adjacent_weight=0),
+            "  without speaker favour": lambda p: SQLiteArchive(p, context=c, speaker_weight=0),
+            "  + a hit's next turn as one unit (after=1)": lambda p: SQLiteArchive(
                 p, context=c, after=1
             ),
-            "+ pseudo-relevance feedback": lambda p: QueryVariant(
+            "  + pseudo-relevance feedback": lambda p: QueryVariant(
                 SQLiteArchive(p, context=c), "prf"
             ),
-            "+ per-term searches merged": lambda p: QueryVariant(
+            "  + per-term searches merged": lambda p: QueryVariant(
                 SQLiteArchive(p, context=c), "per-term"
             ),
-            "context weight 0.5": lambda p: SQLiteArchive(p, context=c, context_weight=0.5),
-            "coverage 3": lambda p: SQLiteArchive(p, context=c, coverage=3.0),
-            "neighbour lift 0.7": lambda p: SQLiteArchive(p, context=c, neighbours=0.7),
+            "  context weight 0.5": lambda p: SQLiteArchive(p, context=c, context_weight=0.5),
+            "  coverage 3": lambda p: SQLiteArchive(p, context=c, coverage=3.0),
+            "  neighbour lift 0.7": lambda p: SQLiteArchive(p, context=c, neighbours=0.7),
+            "  speaker weight 4": lambda p: SQLiteArchive(p, context=c, speaker_weight=4.0),
         }
     if model is not None:
         found |= {
             "dense only (MiniLM, 'speaker: text')": lambda p: SQLiteArchive(
-                p, context=c, embeddings=model, dense_weight=1.0
+                p, context=c, embeddings=model, dense_weight=1.0, speaker_weight=0
             ),
-            "+ MiniLM, weighted fusion 0.5": lambda p: SQLiteArchive(
-                p, context=c, embeddings=model
+            "defaults + context + MiniLM, weighted fusion (dense 0.5)": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.5
             ),
-            "+ MiniLM, weighted fusion 0.3": lambda p: SQLiteArchive(
+            "defaults + context + MiniLM, weighted fusion (dense 0.3)": lambda p: SQLiteArchive(
                 p, context=c, embeddings=model, dense_weight=0.3
             ),
-            "+ MiniLM, reciprocal-rank fusion": lambda p: SQLiteArchive(
+            "defaults + context + MiniLM, weighted fusion (dense 0.2)": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.2
+            ),
+            "defaults + context + MiniLM, reciprocal-rank fusion": lambda p: SQLiteArchive(
                 p, context=c, embeddings=model, fusion="rrf"
             ),
         }
         if mem0:
-            found["mem0 Memory (MiniLM, infer=False)"] = lambda p: Mem0Store(p.parent, model)
+            found["mem0 Memory, verbatim (MiniLM, infer=False)"] = lambda p: Mem0Store(
+                p.parent, model
+            )
     return found
 
 
