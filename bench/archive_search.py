@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.recall_locomo import conversations, data_dir
+from bench.recall_locomo import conversations, data_dir, local_model
 from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 
@@ -187,6 +187,20 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
             row = measure(factory, texts, queries, n)
             results[f"{title}@{n}"] = row
             print(f"{title:<28}{n:>10}{row['p50']:>9.2f}{row['p95']:>9.2f}{row['mean']:>9.2f}")
+    model = local_model()
+    if model is not None:  # what a real model adds per search: embedding the query
+        took = []
+        for query in queries[:100]:
+            began = time.perf_counter()
+            model.encode_uncached(query)
+            took.append((time.perf_counter() - began) * 1000)
+        took.sort()
+        row = {"p50": statistics.median(took), "p95": took[int(0.95 * len(took))]}
+        results[f"{model.name} query embedding"] = row
+        print(
+            f"{model.name} query embedding (sentence-transformers, CPU): "
+            f"p50 {row['p50']:.1f} ms, p95 {row['p95']:.1f} ms"
+        )
     return results
 
 

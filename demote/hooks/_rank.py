@@ -177,8 +177,7 @@ def favour_speakers(
         return dict(scores)
     factor = 1.0 + weight
     return {
-        i: s * factor if i in rows and rows[i].speaker in speakers else s
-        for i, s in scores.items()
+        i: s * factor if i in rows and rows[i].speaker in speakers else s for i, s in scores.items()
     }
 
 

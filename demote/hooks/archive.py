@@ -115,8 +115,6 @@ def _clean(text: str) -> str:
     return text
 
 
-
-
 def _embedded(speaker: str, text: str) -> str:
     return f"{speaker}: {text}" if speaker else text
 
@@ -200,7 +198,7 @@ class SQLiteArchive(Closing):
         counter: str | Counter = "approx",
         embeddings: object | None = None,
         fusion: Literal["weighted", "rrf"] = "weighted",
-        dense_weight: float = 0.5,
+        dense_weight: float = 0.2,
         on_model_change: Literal["refuse", "reembed"] = "refuse",
         stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
