@@ -13,35 +13,16 @@ count and, per index token, how many of its messages contain it (in the text; in
 or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction, so a
 search reads statistics instead of counting.
 
-Lexical ranking: the query is split into plain terms, stop words are dropped, each term is
-quoted (user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (porter
-stemming: "running" finds "runs") picks a pool of candidates, and the reply to each
-candidate that asks a question joins the pool (it may share no word with the query yet
-hold the answer). Terms absent from the conversation are left out of the BM25 pass, and so
-are the most frequent ones once the terms' document frequencies add up to more than
-``_lexical.MATCH_BUDGET`` (1000) messages, which bounds a search's work in a long
-conversation (such terms carry little IDF; they still count towards coverage). A
-candidate's score is ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
-``s = bm25 * (1 + coverage * c)``: ``c`` is the IDF-weighted share (IDF within the
-conversation) of the query's terms the message contains, and ``q`` is 2 when message
-``i-1`` asks a question (contains "?"), else 1. Coverage prefers a message that matches
-the whole query over one that repeats a word; the neighbour term lifts a reply whose
-question matched ("which team did you sign with?" / "The Minnesota Wolves!"). A query
-that names a speaker of the conversation favours that speaker's own messages.
-
-Dense ranking (with ``embeddings=``): every message is embedded once, when it is stored
-(as ``"speaker: text"`` when the context names a speaker), and its vector kept in the same
-file (:mod:`demote.hooks._vectors`); a search embeds the query and takes the ``pool``
-nearest messages of the conversation by cosine. The two rankings are fused: a weighted sum
-of min-max-normalised scores (``fusion="weighted"``) or reciprocal-rank fusion
-(``fusion="rrf"``). The pure ranking functions are in :mod:`demote.hooks._rank`. Scores
-are higher-better and comparable within one search only.
+Recall (:mod:`demote.hooks._search` explains it): FTS5 BM25 candidates, re-scored by how
+much of the query they cover and lifted by a matching question before them, fused with the
+nearest vectors when the archive has an embedding model (:mod:`demote.hooks._vectors`),
+favouring a speaker the query names, cut to ``k`` hits and a token budget. The scoring is
+pure (:mod:`demote.hooks._rank`), so other stores can give the same answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import os
 import sqlite3
@@ -53,8 +34,8 @@ from typing import Literal, NamedTuple
 from demote._closing import Closing
 from demote.embeddings import Embedder, as_embedder
 from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks import _fts, _lexical, _rank, _schema, _vectors
-from demote.hooks._fts import STOP_WORDS, query_terms
+from demote.hooks import _fts, _lexical, _rank, _schema, _search, _vectors
+from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage, Demotion, Recalled
 from demote.tokens import Counter, resolve_counter
 
@@ -64,16 +45,6 @@ __all__ = ["ContextFn", "SQLiteArchive"]
 #: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
 #: that is embedded), or ``None`` for none.
 ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
-
-
-class _Request(NamedTuple):
-    """A checked search: conversation, query text and terms, hits wanted, token budget."""
-
-    conversation_id: str
-    query: str
-    terms: list[str]
-    k: int
-    budget: int | None
 
 
 class _Row(NamedTuple):
@@ -99,11 +70,6 @@ def _check_id(conversation_id: object) -> str:
     except UnicodeEncodeError as exc:
         raise ConversationIdError("conversation_id is not valid Unicode text") from exc
     return conversation_id
-
-
-def _scope(conversation_id: str) -> str:
-    # One alphanumeric token, so unicode61 indexes it whole, whatever the id contains.
-    return "c" + hashlib.blake2b(conversation_id.encode("utf-8"), digest_size=16).hexdigest()
 
 
 def _clean(text: str) -> str:
@@ -226,25 +192,27 @@ class SQLiteArchive(Closing):
                 f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r}"
             )
         self._context = context
-        self._ranking = _rank.Ranking(
-            (0.0, 1.0, float(context_weight), float(adjacent_weight)),
-            pool,
-            float(coverage),
-            float(neighbours),
-            after,
-        )
-        self._count = resolve_counter(counter)
         self._embedder: Embedder | None = None
         if embeddings is not None:
             self._embedder = as_embedder(embeddings)
             _vectors.numpy()  # fail now, not at the first delivery
-        self._speaker_weight = float(speaker_weight)
-        self._fusion = fusion
-        self._dense_weight = float(dense_weight)
-        self._vectors = _vectors.VectorIndex()
-        self._stems = _fts.Stems()
         words = STOP_WORDS if stop_words is None else stop_words
-        self._stop_words = frozenset(w.lower() for w in words)
+        self._searcher = _search.Searcher(
+            ranking=_rank.Ranking(
+                (0.0, 1.0, float(context_weight), float(adjacent_weight)),
+                pool,
+                float(coverage),
+                float(neighbours),
+                after,
+            ),
+            speaker_weight=float(speaker_weight),
+            fusion=fusion,
+            dense_weight=float(dense_weight),
+            count=resolve_counter(counter),
+            stop_words=frozenset(w.lower() for w in words),
+            stems=_fts.Stems(),
+            vectors=_vectors.VectorIndex(),
+        )
         self._lock = threading.RLock()
         self._closed = False
         try:
@@ -346,7 +314,7 @@ class SQLiteArchive(Closing):
             StoreError: SQLite failed; nothing of the batch is stored.
         """
         conversation_id = _check_id(batch.conversation_id)
-        scope = _scope(conversation_id)
+        scope = _search.scope(conversation_id)
         rows = [self._row(conversation_id, scope, m) for m in batch.messages]
         if not rows:
             return
@@ -458,10 +426,11 @@ class SQLiteArchive(Closing):
             EmbeddingError: The model failed to embed the query.
             StoreError: SQLite failed.
         """
+        embedder = self._embedder
         request = self._request(conversation_id, query, k, budget_tokens)
         if request is None:
             return []
-        vector = self._embedder.embed_query(query) if self._embedder is not None else None
+        vector = embedder.embed_query(query) if embedder is not None else None
         return self._lookup(request, vector)
 
     async def asearch(
@@ -481,58 +450,21 @@ class SQLiteArchive(Closing):
 
     def _request(
         self, conversation_id: str, query: str, k: int, budget_tokens: int | None
-    ) -> _Request | None:
-        """Check a search's arguments; ``None`` when it can only find nothing."""
+    ) -> _search.Request | None:
         conversation_id = _check_id(conversation_id)
-        if budget_tokens is not None and (
-            isinstance(budget_tokens, bool)
-            or not isinstance(budget_tokens, int)
-            or budget_tokens < 0
-        ):
-            raise ConfigError(f"budget_tokens must be an int >= 0 or None, got {budget_tokens!r}")
-        terms = query_terms(query, self._stop_words)
-        if k < 1 or budget_tokens == 0 or not (terms or (self._embedder and query.strip())):
-            return None
-        return _Request(conversation_id, query, terms, k, budget_tokens)
+        dense = self._embedder is not None
+        return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
 
-    def _lookup(self, request: _Request, vector: Sequence[float] | None) -> list[Recalled]:
-        conversation_id, _, terms, k, budget = request
-        after = self._ranking.after
+    def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
         with self._locked("search the archive") as db:
             db.execute("BEGIN")  # one snapshot; the scratch table is written in it
             try:
-                scores: dict[int, float] = {}
-                rows: list[_rank.Candidate] = []
-                named: set[str] = set()
-                if self._speaker_weight > 0:
-                    named = _rank.named_speakers(terms, _lexical.speakers(db, conversation_id))
-                if terms:
-                    scope, tokens = _scope(conversation_id), self._stems(db, terms)
-                    scores, rows = _lexical.score(
-                        db, conversation_id, scope, terms, tokens, self._ranking, k
-                    )
-                if vector is not None:
-                    n = max(self._ranking.pool, k)
-                    dense = self._vectors.top(db, conversation_id, vector, n)
-                    scores = self._fuse(scores, dense)
-                by_index = {r.index: r for r in reversed(rows)}
-                wanted = {i + d for i in scores for d in range(after + 1)} - by_index.keys()
-                if wanted:
-                    found = _lexical.rows_at(db, conversation_id, wanted)
-                    by_index.update((r.index, r) for r in found)
-                scores = _rank.favour_speakers(scores, by_index, named, self._speaker_weight)
+                found = self._searcher.lookup(db, request, vector)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-        return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self._count)
-
-    def _fuse(self, lexical: dict[int, float], dense: dict[int, float]) -> dict[int, float]:
-        if not lexical or not dense:
-            return lexical or dense
-        if self._fusion == "rrf":
-            return _rank.fuse_rrf(lexical, dense)
-        return _rank.fuse_weighted(lexical, dense, self._dense_weight)
+        return found
 
     # -- reading and housekeeping -------------------------------------------------------
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from demote.hooks import _fts, _lexical, _rank
-from demote.hooks.archive import SQLiteArchive, _scope
+from demote.hooks._search import scope as _scope
+from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
 from tests.demote.hooks.legacy import make_old_archive
 
@@ -228,7 +229,7 @@ def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path
 
 def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int) -> list[Recalled]:
     """The ranking before term statistics: counts from the index on every search."""
-    weights, pool, coverage_weight, neighbours, _ = archive._ranking
+    weights, pool, coverage_weight, neighbours, _ = archive._searcher.ranking
     terms = _fts.query_terms(query)
     if not terms:
         return []
