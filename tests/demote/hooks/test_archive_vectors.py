@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from llama_index.core.embeddings import MockEmbedding
 
-from demote.errors import EmbeddingError, EmbeddingModelChanged, StoreError
+from demote.errors import EmbeddingError, EmbeddingModelChanged, MissingExtraError, StoreError
 from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 from tests.demote.hooks.legacy import make_old_archive
@@ -236,3 +237,14 @@ def test_a_failed_migration_leaves_a_version_2_file_as_it_was(tmp_path: Path) ->
         "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'car'"
     ).fetchone() == (1,)
     db.close()
+
+
+def test_without_numpy_the_missing_extra_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "numpy", None)
+    with pytest.raises(MissingExtraError, match=r"demote\[embeddings\]"):
+        SQLiteArchive(tmp_path / "a.db", embeddings=Concepts())
+    with SQLiteArchive(tmp_path / "a.db") as lexical:  # text recall needs no numpy
+        lexical.deliver(batch("c", *TEXTS))
+        assert lexical.search("c", "bakery")[0].text == TEXTS[1]
