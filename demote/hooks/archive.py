@@ -1,89 +1,61 @@
-"""The embedded default long-tail store: a SQLite file with full-text recall.
+"""The embedded default long-tail store: a SQLite file with full-text and dense recall.
 
-Schema (``PRAGMA user_version = 2``)::
+The schema and its migrations are in :mod:`demote.hooks._schema`. ``messages_fts`` is an
+external-content FTS5 index over ``messages``, kept in step by triggers, so the text is
+stored once. ``scope`` is a hex digest of the conversation id, indexed as one token: a
+search matches ``scope`` *and* the query, so FTS5 itself narrows the posting lists to one
+conversation, and the join on ``conversation_id`` keeps that strict. Conversation ids only
+travel as bound parameters. ``context`` is an optional per-message string (a speaker, a
+date) from the ``context`` callable; it is indexed with its own weight but never
+returned. ``adjacent`` indexes the text of the messages just before and after each one,
+with a small weight. ``conversations`` and ``terms`` hold each conversation's message
+count and, per index token, how many of its messages contain it (in the text; in the text
+or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction, so a
+search reads statistics instead of counting.
 
-    messages(id INTEGER PRIMARY KEY, conversation_id, idx, role, text, context, key, scope)
-        UNIQUE (conversation_id, key)      -- re-delivery stores nothing twice
-        INDEX  (conversation_id, idx)      -- messages() in order, neighbours
-    messages_fts USING fts5(scope, text, context,
-                            content='messages', content_rowid='id',
-                            tokenize='porter unicode61')
-    conversations(id, conversation_id UNIQUE, messages)      -- messages stored
-    terms(conversation, term, in_text, in_any)               -- document frequencies
-
-``messages_fts`` is an external-content FTS5 index over ``messages``, kept in step by
-triggers, so the text is stored once. ``scope`` is a hex digest of the conversation id,
-indexed as one token: a search matches ``scope`` *and* the query, so FTS5 itself narrows
-the posting lists to one conversation, and the join on ``conversation_id`` keeps that
-strict. Conversation ids only travel as bound parameters. ``context`` is an optional
-per-message string (a speaker, a date) from the ``context`` callable; it is indexed with
-its own weight but never returned. ``conversations`` and ``terms`` hold each conversation's
-message count and, per index token, how many of its messages contain it (in the text; in
-the text or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction,
-so a search reads statistics instead of counting. A version-1 file gains them, counted
-from its messages, when it is opened (in one transaction).
-
-Ranking: the query is split into plain terms, stop words are dropped, each term is quoted
-(user text is never FTS5 syntax) and the terms are OR-ed. FTS5's BM25 (porter stemming:
-"running" finds "runs") picks a pool of candidates, and the reply to each candidate that
-asks a question joins the pool (it may share no word with the query yet hold the answer).
-Terms absent from the conversation are left out of the BM25 pass, and so are the most
-frequent ones once the terms' document frequencies add up to more than
-``_rank.MATCH_BUDGET`` (1000) messages, which bounds a search's work in a long
-conversation (such terms carry little IDF; they still count towards coverage). A
-candidate's score is ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)`` with
-``s = bm25 * (1 + coverage * c)``: ``c`` is the IDF-weighted share (IDF within the
-conversation) of the query's terms the message contains, and ``q`` is 2 when message
-``i-1`` asks a question (contains "?"), else 1. Coverage prefers a message that matches
-the whole query over one that repeats a word; the neighbour term lifts a reply whose
-question matched ("which team did you sign with?" / "The Minnesota Wolves!"). Scores are
-higher-better and comparable within one search only.
+Recall (:mod:`demote.hooks._search` explains it): FTS5 BM25 candidates, re-scored by how
+much of the query they cover and lifted by a matching question before them, fused with the
+nearest vectors when the archive has an embedding model (:mod:`demote.hooks._vectors`),
+favouring a speaker the query names, cut to ``k`` hits and a token budget. The scoring is
+pure (:mod:`demote.hooks._rank`), so other stores can give the same answers.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Literal, NamedTuple
 
 from demote._closing import Closing
+from demote.embeddings import Embedder, as_embedder
 from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks import _fts, _rank
-from demote.hooks._fts import STOP_WORDS, query_terms
+from demote.hooks import _fts, _lexical, _rank, _schema, _search, _vectors
+from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage, Demotion, Recalled
+from demote.tokens import Counter, resolve_counter
 
-__all__ = ["SQLiteArchive"]
+__all__ = ["ContextFn", "SQLiteArchive"]
 
-_SCHEMA_VERSION = 2
+#: Gives the context indexed with a message: a string (a speaker and a date, say), a
+#: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
+#: that is embedded), or ``None`` for none.
+ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS messages (
-        id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL,
-        role TEXT NOT NULL, text TEXT NOT NULL, context TEXT NOT NULL DEFAULT '',
-        key TEXT NOT NULL, scope TEXT NOT NULL, UNIQUE (conversation_id, key)
-    )""",
-    "CREATE INDEX IF NOT EXISTS messages_conversation_idx ON messages (conversation_id, idx)",
-    """CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
-        scope, text, context,
-        content='messages', content_rowid='id', tokenize='porter unicode61'
-    )""",
-    """CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
-        INSERT INTO messages_fts (rowid, scope, text, context)
-        VALUES (new.id, new.scope, new.text, new.context);
-    END""",
-    """CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
-        INSERT INTO messages_fts (messages_fts, rowid, scope, text, context)
-        VALUES ('delete', old.id, old.scope, old.text, old.context);
-    END""",
-    *_rank.STATS_SCHEMA,
-)
 
-#: Produces the optional context string indexed with a message (``None`` for none).
-ContextFn = Callable[[DemotedMessage], str | None]
+class _Row(NamedTuple):
+    conversation_id: str
+    idx: int
+    role: str
+    text: str
+    context: str
+    key: str
+    scope: str
+    speaker: str
 
 
 def _check_id(conversation_id: object) -> str:
@@ -100,11 +72,6 @@ def _check_id(conversation_id: object) -> str:
     return conversation_id
 
 
-def _scope(conversation_id: str) -> str:
-    # One alphanumeric token, so unicode61 indexes it whole, whatever the id contains.
-    return "c" + hashlib.blake2b(conversation_id.encode("utf-8"), digest_size=16).hexdigest()
-
-
 def _clean(text: str) -> str:
     # Lone surrogates cannot be stored as UTF-8; keep the rest of the text.
     try:
@@ -114,8 +81,12 @@ def _clean(text: str) -> str:
     return text
 
 
+def _embedded(speaker: str, text: str) -> str:
+    return f"{speaker}: {text}" if speaker else text
+
+
 class SQLiteArchive(Closing):
-    """A demotion hook that stores demoted messages in SQLite and recalls them by text.
+    """A demotion hook that stores demoted messages in SQLite and recalls them.
 
     Thread-safe: one connection (WAL mode, ``busy_timeout``) behind a lock, so several
     threads may deliver and search at once; other processes may open the same file.
@@ -124,27 +95,58 @@ class SQLiteArchive(Closing):
 
         with SQLiteArchive("archive.db") as archive:
             archive.deliver(batch)
-            hits = archive.search("chat-1", "where did we go hiking?", k=5)
+            hits = archive.search("chat-1", "where did we go hiking?", k=5, budget_tokens=250)
+
+    With ``embeddings=`` every delivered message is embedded once, in one batch per
+    delivery, inside :meth:`deliver`: wrap the archive in a ``Recorder`` to keep the model
+    call off the request path. Each search embeds its query (one call).
 
     Args:
         path: The database file (created if missing; its directory must exist), or
             ``":memory:"``.
-        context: Called with each delivered message; the string it returns (a speaker
-            name, a date, a title) is indexed alongside the text and searched with weight
-            ``context_weight``. ``None`` (the default) indexes the text only.
+        context: Called with each delivered message; what it returns (a speaker name, a
+            date, a title; see :data:`ContextFn`) is indexed alongside the text and
+            searched with weight ``context_weight``. ``None`` (the default) indexes the
+            text only.
         context_weight: BM25 weight of the context column relative to the text (1.0).
+        adjacent_weight: BM25 weight of the neighbouring messages' text, indexed with
+            each message; ``0`` leaves it out of the search.
         coverage: How much a message gains for containing more of the query's distinct
             terms (IDF-weighted); ``0`` ranks by plain BM25.
         neighbours: Share of the preceding message's score added to a message's score
             (doubled when the preceding message asks a question; half as much comes from
             the following message); ``0`` scores each message alone.
-        pool: How many BM25 candidates are re-scored per search (at least ``k``).
-        stop_words: Lowercased words dropped from queries.
+        speaker_weight: When a query names a speaker of the conversation (a context
+            mapping's ``"speaker"``), that speaker's messages score ``1 + speaker_weight``
+            times as much; ``0`` turns it off.
+        pool: How many BM25 candidates (and nearest vectors) are ranked per search (at
+            least ``k``).
+        after: How many of the messages that follow a hit come back with it, as one
+            unit (a question's answer is often the turn after the one that matched).
+        counter: Counts the tokens of a returned text for ``budget_tokens``: a counter
+            name (``"approx"``, the default: characters / 4, rounded up; ``"tiktoken"``)
+            or any ``str -> int`` callable. Only the text counts, not the role.
+        embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
+            callable ``list[str] -> list[list[float]]`` (see
+            :func:`demote.embeddings.as_embedder`); ``None`` (the default) recalls by
+            text alone. Needs numpy (``demote[embeddings]``).
+        fusion: How the lexical and the dense rankings are combined: ``"weighted"`` (a
+            weighted sum of min-max-normalised scores) or ``"rrf"`` (reciprocal rank).
+        dense_weight: The dense ranking's share in ``"weighted"`` fusion, in ``[0, 1]``.
+        on_model_change: When the file holds vectors of another model (name or
+            dimensions): ``"refuse"`` raises :class:`~demote.errors.EmbeddingModelChanged`
+            at open; ``"reembed"`` deletes them and embeds every stored message again, at
+            open.
+        stop_words: Lowercased words dropped from queries; ``None`` (the default) uses
+            :data:`demote.hooks._fts.STOP_WORDS`, 189 common English function words
+            and question words.
         timeout: Seconds to wait for a lock held by another connection.
 
     Raises:
         StoreError: The file cannot be opened or is not a compatible archive.
         ConfigError: An option is out of range.
+        EmbeddingModelChanged: The file holds another model's vectors (``"refuse"``).
+        EmbeddingError: The model failed while the archive checked or re-embedded.
     """
 
     def __init__(
@@ -153,28 +155,64 @@ class SQLiteArchive(Closing):
         *,
         context: ContextFn | None = None,
         context_weight: float = 1.0,
+        adjacent_weight: float = 0.3,
         coverage: float = 1.0,
         neighbours: float = 0.4,
+        speaker_weight: float = 1.0,
         pool: int = 50,
-        stop_words: Iterable[str] = STOP_WORDS,
+        after: int = 0,
+        counter: str | Counter = "approx",
+        embeddings: object | None = None,
+        fusion: Literal["weighted", "rrf"] = "weighted",
+        dense_weight: float = 0.2,
+        on_model_change: Literal["refuse", "reembed"] = "refuse",
+        stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
     ) -> None:
         for name, value in (
             ("context_weight", context_weight),
+            ("adjacent_weight", adjacent_weight),
             ("coverage", coverage),
             ("neighbours", neighbours),
+            ("speaker_weight", speaker_weight),
             ("timeout", timeout),
         ):
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
         if pool < 1:
             raise ConfigError(f"pool must be >= 1, got {pool!r}")
+        if after < 0:
+            raise ConfigError(f"after must be >= 0, got {after!r}")
+        if fusion not in ("weighted", "rrf"):
+            raise ConfigError(f"fusion must be 'weighted' or 'rrf', got {fusion!r}")
+        if not 0.0 <= dense_weight <= 1.0:
+            raise ConfigError(f"dense_weight must be in [0, 1], got {dense_weight!r}")
+        if on_model_change not in ("refuse", "reembed"):
+            raise ConfigError(
+                f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r}"
+            )
         self._context = context
-        self._ranking = _rank.Ranking(
-            (0.0, 1.0, float(context_weight)), pool, float(coverage), float(neighbours)
+        self._embedder: Embedder | None = None
+        if embeddings is not None:
+            self._embedder = as_embedder(embeddings)
+            _vectors.numpy()  # fail now, not at the first delivery
+        words = STOP_WORDS if stop_words is None else stop_words
+        self._searcher = _search.Searcher(
+            ranking=_rank.Ranking(
+                (0.0, 1.0, float(context_weight), float(adjacent_weight)),
+                pool,
+                float(coverage),
+                float(neighbours),
+                after,
+            ),
+            speaker_weight=float(speaker_weight),
+            fusion=fusion,
+            dense_weight=float(dense_weight),
+            count=resolve_counter(counter),
+            stop_words=frozenset(w.lower() for w in words),
+            stems=_fts.Stems(),
+            vectors=_vectors.VectorIndex(),
         )
-        self._stems = _fts.Stems()
-        self._stop_words = frozenset(w.lower() for w in stop_words)
         self._lock = threading.RLock()
         self._closed = False
         try:
@@ -184,38 +222,36 @@ class SQLiteArchive(Closing):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {os.fspath(path)!r}: {exc}") from exc
         try:
-            self._setup(timeout)
+            self._setup(timeout, on_model_change == "reembed")
         except sqlite3.Error as exc:
             self._db.close()
             raise StoreError(f"cannot use archive {os.fspath(path)!r}: {exc}") from exc
-        except StoreError:
+        except BaseException:
             self._db.close()
             raise
 
-    def _setup(self, timeout: float) -> None:
+    def _setup(self, timeout: float, reembed: bool) -> None:
         db = self._db
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         _fts.create_scratch(db)
+        # A model call (the dimension probe) before the write lock, not under it.
+        embedder = self._embedder
+        dims = len(embedder.embed_query("dimensions")) if embedder is not None else None
         db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, _SCHEMA_VERSION):
-                raise StoreError(
-                    f"archive schema version {version} is not supported "
-                    f"(expected at most {_SCHEMA_VERSION})"
-                )
-            for statement in _SCHEMA:
-                db.execute(statement)
-            if version != _SCHEMA_VERSION:
-                _rank.rebuild_terms(db)  # version 1 had no statistics
-                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            _schema.create_or_migrate(db)
+            cleared = False
+            if embedder is not None:
+                cleared = _vectors.check_model(db, embedder.name, dims, reembed)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        if cleared:
+            self.embed_pending()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -243,8 +279,28 @@ class SQLiteArchive(Closing):
 
     # -- the hook -----------------------------------------------------------------------
 
+    def _row(self, conversation_id: str, scope: str, message: DemotedMessage) -> _Row:
+        context = self._context(message) if self._context is not None else None
+        speaker = ""
+        if isinstance(context, Mapping):
+            speaker = str(context.get("speaker") or "")
+            context = " ".join(str(v) for v in context.values() if v)
+        return _Row(
+            conversation_id,
+            int(message.index),
+            str(message.role),
+            _clean(message.text),
+            _clean(context or ""),
+            str(message.key),
+            scope,
+            _clean(speaker),
+        )
+
     def deliver(self, batch: Demotion) -> None:
         """Store every message of ``batch`` in one transaction; known keys are skipped.
+
+        With ``embeddings=``, the messages not stored yet are embedded first (one batch
+        call), outside the archive's lock.
 
         Args:
             batch: Messages demoted from one conversation.
@@ -252,68 +308,163 @@ class SQLiteArchive(Closing):
         Raises:
             ConversationIdError: ``batch.conversation_id`` is empty or not a string
                 (nothing is stored).
+            EmbeddingError: The model failed (nothing is stored).
+            EmbeddingModelChanged: The model's vectors no longer have the stored
+                dimensions (nothing is stored).
             StoreError: SQLite failed; nothing of the batch is stored.
         """
         conversation_id = _check_id(batch.conversation_id)
-        scope = _scope(conversation_id)
-        rows = []
-        for message in batch.messages:
-            context = self._context(message) if self._context is not None else None
-            rows.append(
-                (
-                    conversation_id,
-                    int(message.index),
-                    str(message.role),
-                    _clean(message.text),
-                    _clean(context or ""),
-                    str(message.key),
-                    scope,
-                )
-            )
+        scope = _search.scope(conversation_id)
+        rows = [self._row(conversation_id, scope, m) for m in batch.messages]
         if not rows:
             return
+        vectors: dict[str, bytes] = {}
+        dims = 0
+        if self._embedder is not None:
+            known = self.has_keys(conversation_id, (r.key for r in rows))
+            new = list({r.key: r for r in rows if r.key not in known}.values())
+            embedded = self._embedder.embed_documents([_embedded(r.speaker, r.text) for r in new])
+            if embedded:
+                packed = _vectors.pack(embedded)
+                vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
+                dims = len(embedded[0])
         with self._transaction("store a demotion") as db:
             insert = (
                 "INSERT OR IGNORE INTO messages "
-                "(conversation_id, idx, role, text, context, key, scope) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)"
+                "(conversation_id, idx, role, text, context, key, scope, speaker) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             )
-            stored = [(r[3], r[4]) for r in rows if db.execute(insert, r).rowcount > 0]
-            _rank.add_terms(db, conversation_id, stored)
+            stored: list[_Row] = []
+            for r in rows:
+                cursor = db.execute(insert, r)
+                if cursor.rowcount > 0:
+                    stored.append(r)
+                    if r.key in vectors:
+                        db.execute(
+                            "INSERT INTO vectors (message, conversation_id, idx, vector) "
+                            "VALUES (?, ?, ?, ?)",
+                            (cursor.lastrowid, conversation_id, r.idx, vectors[r.key]),
+                        )
+            if vectors:
+                self._store_model(db, dims)
+            _lexical.add_terms(db, conversation_id, [(r.text, r.context) for r in stored])
+            db.executemany(
+                "INSERT OR IGNORE INTO speakers (conversation_id, speaker) VALUES (?, ?)",
+                {(conversation_id, r.speaker) for r in stored if r.speaker},
+            )
+            _schema.refresh_adjacent(
+                db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
+            )
+
+    def _store_model(self, db: sqlite3.Connection, dims: int) -> None:
+        """Refuse vectors of other dimensions than the stored ones; record the model."""
+        name = self._embedder.name if self._embedder is not None else ""
+        _vectors.check_model(db, name, dims, reembed=False)
+        _vectors.record_model(db, name, dims)
+
+    def embed_pending(self, batch_size: int = 256) -> int:
+        """Embed the stored messages that have no vector yet; returns how many.
+
+        Messages archived before ``embeddings=`` was configured (or in a file migrated
+        from an older version) have none; they are recalled by text alone until this
+        runs. Does nothing without ``embeddings=``.
+
+        Raises:
+            EmbeddingError: The model failed (what was embedded before stays).
+            StoreError: SQLite failed.
+        """
+        embedder = self._embedder
+        if embedder is None:
+            return 0
+        done = 0
+        while True:
+            with self._locked("read messages to embed") as db:
+                rows = db.execute(
+                    "SELECT m.id, m.conversation_id, m.idx, m.text, m.speaker FROM messages AS m "
+                    "WHERE NOT EXISTS (SELECT 1 FROM vectors AS v WHERE v.message = m.id) "
+                    "ORDER BY m.id LIMIT ?",
+                    (batch_size,),
+                ).fetchall()
+            if not rows:
+                return done
+            embedded = embedder.embed_documents([_embedded(r[4], r[3]) for r in rows])
+            packed = _vectors.pack(embedded)
+            with self._transaction("store vectors") as db:
+                db.executemany(
+                    "INSERT OR IGNORE INTO vectors (message, conversation_id, idx, vector) "
+                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",
+                    [(r[0], r[1], r[2], blob, r[0]) for r, blob in zip(rows, packed, strict=True)],
+                )
+                self._store_model(db, len(embedded[0]))
+            done += len(rows)
 
     # -- recall -------------------------------------------------------------------------
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
-        """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``.
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """The stored messages of ``conversation_id`` most relevant to ``query``.
 
         Args:
             conversation_id: The conversation to search; no other is ever read.
             query: Free text; it is never interpreted as FTS5 syntax.
-            k: How many messages to return at most.
+            k: How many hits to return at most (with ``after > 0`` each hit comes with
+                the messages that follow it, so more messages than ``k`` may come back).
+            budget_tokens: Most tokens the returned texts may cost together, counted
+                by the archive's ``counter`` (``None``: no limit). Hits are taken best
+                first; one that does not fit is left out and a later, shorter one may
+                take its place.
 
         Returns:
-            Best first; empty when the query has no searchable terms or nothing matches.
+            Best first (a hit's followers right after it, in conversation order); empty
+            when the query has no searchable terms (and there are no embeddings) or
+            nothing matches.
 
         Raises:
             ConversationIdError: The conversation id is empty or not a string.
+            ConfigError: ``budget_tokens`` is negative or not an int.
+            EmbeddingError: The model failed to embed the query.
             StoreError: SQLite failed.
         """
+        embedder = self._embedder
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        vector = embedder.embed_query(query) if embedder is not None else None
+        return self._lookup(request, vector)
+
+    async def asearch(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """:meth:`search` for async callers: the same arguments, answer and errors.
+
+        The query is embedded with the model's async method; the SQLite work runs in a
+        worker thread.
+        """
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        embedder = self._embedder
+        vector = await embedder.aembed_query(query) if embedder is not None else None
+        return await asyncio.to_thread(self._lookup, request, vector)
+
+    def _request(
+        self, conversation_id: str, query: str, k: int, budget_tokens: int | None
+    ) -> _search.Request | None:
         conversation_id = _check_id(conversation_id)
-        if k < 1:
-            return []
-        terms = query_terms(query, self._stop_words)
-        if not terms:
-            return []
+        dense = self._embedder is not None
+        return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
+
+    def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
         with self._locked("search the archive") as db:
             db.execute("BEGIN")  # one snapshot; the scratch table is written in it
             try:
-                scope, tokens = _scope(conversation_id), self._stems(db, terms)
-                hits = _rank.search(db, conversation_id, scope, terms, tokens, self._ranking, k)
+                found = self._searcher.lookup(db, request, vector)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-        return hits
+        return found
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -373,7 +524,7 @@ class SQLiteArchive(Closing):
         """Remove every stored message of ``conversation_id``; returns how many."""
         conversation_id = _check_id(conversation_id)
         with self._transaction("delete a conversation") as db:
-            _rank.drop_terms(db, conversation_id)
+            _lexical.drop_terms(db, conversation_id)
             cursor = db.execute(
                 "DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)
             )

@@ -34,10 +34,25 @@ class AsyncHook(Protocol):
 
 @runtime_checkable
 class Recall(Protocol):
-    """Anything that reads the long tail back: ``SQLiteArchive``, ``Mem0Recall``."""
+    """Anything that reads the long tail back: ``SQLiteArchive``, ``Mem0Recall``.
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
-        """The ``k`` stored messages of ``conversation_id`` most relevant to ``query``."""
+    An implementation may also have ``async def asearch(...)`` with the same arguments;
+    async callers use it when it is there.
+    """
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """The stored messages of ``conversation_id`` most relevant to ``query``, best first.
+
+        Args:
+            conversation_id: The conversation to search; no other is ever read.
+            query: Free text.
+            k: How many hits at most.
+            budget_tokens: Most tokens the returned texts may cost together (``None``: no
+                limit); a hit that does not fit is left out, and a later, shorter one may
+                take its place.
+        """
 
 
 @runtime_checkable

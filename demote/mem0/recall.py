@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from demote.errors import StoreError
+from demote.errors import ConfigError, StoreError
+from demote.hooks._rank import fit
 from demote.mem0._drivers import _Flow, _Mem0, _results
 from demote.mem0.config import KEY_FIELD, Namespace
 from demote.records import Recalled
+from demote.tokens import Counter, resolve_counter
 
 __all__ = ["Mem0Recall"]
 
@@ -23,6 +25,8 @@ class Mem0Recall:
         agent_id: Fixed mem0 ``agent_id`` (default namespace only).
         namespace: Conversation id to mem0 entity ids; must match the hook's.
         threshold: Minimum mem0 score (``None``: mem0's default, 0.1 in mem0 2.x).
+        counter: Counts a memory's tokens for ``budget_tokens``: a counter name
+            (``"approx"``, the default: characters / 4, rounded up) or a ``str -> int``.
 
     A memory mem0 extracted (rather than stored verbatim) comes back with role
     ``"memory"``; its index and key are the captured turn's, or ``-1`` and mem0's memory id
@@ -37,27 +41,49 @@ class Mem0Recall:
         agent_id: str | None = None,
         namespace: Namespace | None = None,
         threshold: float | None = None,
+        counter: str | Counter = "approx",
     ) -> None:
         self._mem = _Mem0(memory, user_id, agent_id, namespace)
         self._threshold = threshold
+        self._count = resolve_counter(counter)
 
-    def search(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
         """The ``k`` memories of ``conversation_id`` most relevant to ``query``, best first.
 
+        Args:
+            conversation_id: The conversation whose memories are searched.
+            query: Free text.
+            k: How many memories mem0 is asked for.
+            budget_tokens: Most tokens the returned memories may cost together (by
+                ``counter``); one that does not fit is skipped and a later, shorter one
+                may take its place. ``None``: no limit.
+
         Raises:
+            ConfigError: ``budget_tokens`` is negative or not an int.
             StoreError: mem0 failed.
         """
-        return self._mem.run(self._search(conversation_id, query, k), StoreError)
+        flow = self._search(conversation_id, query, k, budget_tokens)
+        return self._mem.run(flow, StoreError)
 
-    async def asearch(self, conversation_id: str, query: str, k: int = 5) -> list[Recalled]:
+    async def asearch(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
         """Async :meth:`search`.
 
         Raises:
+            ConfigError: ``budget_tokens`` is negative or not an int.
             StoreError: mem0 failed.
         """
-        return await self._mem.arun(self._search(conversation_id, query, k), StoreError)
+        flow = self._search(conversation_id, query, k, budget_tokens)
+        return await self._mem.arun(flow, StoreError)
 
-    def _search(self, cid: str, query: str, k: int) -> _Flow[list[Recalled]]:
+    def _search(self, cid: str, query: str, k: int, budget: int | None) -> _Flow[list[Recalled]]:
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+        ):
+            raise ConfigError(f"budget_tokens must be an int >= 0 or None, got {budget!r}")
         scope = self._mem.scope(cid)
         if k <= 0 or not query.strip():
             return []
@@ -79,7 +105,7 @@ class Mem0Recall:
                     score=float(item.get("score") or 0.0),
                 )
             )
-        return found[:k]
+        return fit(found[:k], budget, self._count)
 
 
 def _in_scope(item: Mapping[str, Any], scope: Mapping[str, str]) -> bool:

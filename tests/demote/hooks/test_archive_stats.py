@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from demote.hooks import _fts, _rank
-from demote.hooks.archive import SQLiteArchive, _scope
+from demote.hooks import _fts, _lexical, _rank
+from demote.hooks._search import scope as _scope
+from demote.hooks.archive import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
+from tests.demote.hooks.legacy import make_old_archive
 
 WORDS = [
     "garden",
@@ -91,7 +93,7 @@ def reference(db: sqlite3.Connection) -> dict[tuple[str, str], tuple[int, int]]:
         "SELECT m.conversation_id, v.term, "
         "count(DISTINCT v.doc) FILTER (WHERE v.col = 'text'), count(DISTINCT v.doc) "
         "FROM temp.reference AS v JOIN messages AS m ON m.id = v.doc "
-        "WHERE v.col != 'scope' GROUP BY m.conversation_id, v.term"
+        "WHERE v.col IN ('text', 'context') GROUP BY m.conversation_id, v.term"
     ).fetchall()
     return {(c, term): (in_text, in_any) for c, term, in_text, in_any in rows}
 
@@ -136,12 +138,13 @@ def test_a_failed_delivery_counts_nothing(tmp_path: Path) -> None:
 
 
 def make_version_1(path: Path, messages: list[DemotedMessage]) -> None:
-    """A version-1 archive: today's schema without the statistics tables."""
-    with SQLiteArchive(path, context=speaker) as archive:
-        fill(archive, messages)
-    db = sqlite3.connect(path)
-    db.executescript("DROP TABLE terms; DROP TABLE conversations; PRAGMA user_version = 1;")
-    db.close()
+    """A version-1 archive: the version-2 schema without the statistics tables."""
+    owned = [(owner(m), m) for m in messages]
+    make_old_archive(path, owned, 1, speaker)
+
+
+def owner(m: DemotedMessage) -> str:
+    return next(c for c in ("a", "b") if m.key == make_key(c, m.index, fingerprint("user", m.text)))
 
 
 def test_a_version_1_file_is_migrated_at_open(tmp_path: Path) -> None:
@@ -152,7 +155,7 @@ def test_a_version_1_file_is_migrated_at_open(tmp_path: Path) -> None:
         fill(fresh, b)
         with SQLiteArchive(tmp_path / "old.db", context=speaker) as migrated:
             db = migrated._db
-            assert db.execute("PRAGMA user_version").fetchone() == (2,)
+            assert db.execute("PRAGMA user_version").fetchone() == (3,)
             assert stats(db) == reference(db) == stats(fresh._db)
             assert counts(db) == {"a": 50, "b": 30}
             for query in ("running dogs", "cake in Paris", "Melanie hiking trip", "museum?"):
@@ -173,7 +176,7 @@ def test_a_failed_migration_leaves_the_version_1_file_as_it_was(
         db.execute("INSERT INTO conversations (conversation_id, messages) VALUES ('x', 1)")
         raise sqlite3.OperationalError("disk on fire")
 
-    monkeypatch.setattr(_rank, "rebuild_terms", broken)
+    monkeypatch.setattr(_lexical, "rebuild_terms", broken)
     with pytest.raises(Exception, match="disk on fire"):
         SQLiteArchive(path)
     db = sqlite3.connect(path)
@@ -204,16 +207,16 @@ def test_stems_come_from_the_index_tokenizer() -> None:
 
 def test_pick_terms_keeps_the_rarest_within_the_budget() -> None:
     terms = ["a", "b", "c", "d", "e"]
-    assert _rank.pick_terms(terms, [5, 0, 3, 9, 1], budget=100) == ["a", "c", "d", "e"]
-    assert _rank.pick_terms(terms, [500, 0, 300, 900, 100], budget=1000) == ["a", "c", "e"]
-    assert _rank.pick_terms(terms, [5000, 0, 3000, 9000, 1001], budget=1000) == ["e"]
-    assert _rank.pick_terms(terms, [0] * 5, budget=1000) == []
+    assert _lexical.pick_terms(terms, [5, 0, 3, 9, 1], budget=100) == ["a", "c", "d", "e"]
+    assert _lexical.pick_terms(terms, [500, 0, 300, 900, 100], budget=1000) == ["a", "c", "e"]
+    assert _lexical.pick_terms(terms, [5000, 0, 3000, 9000, 1001], budget=1000) == ["e"]
+    assert _lexical.pick_terms(terms, [0] * 5, budget=1000) == []
 
 
 def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path) -> None:
-    filler = [f"the weather was fine on day {i}" for i in range(_rank.MATCH_BUDGET + 50)]
+    filler = [f"the weather was fine on day {i}" for i in range(_lexical.MATCH_BUDGET + 50)]
     texts = [*filler, "umbrella alone", "an umbrella for the weather", "umbrella again"]
-    with SQLiteArchive(tmp_path / "a.db") as archive:
+    with SQLiteArchive(tmp_path / "a.db", adjacent_weight=0) as archive:
         archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
         hits = archive.search("c", "weather umbrella", k=5)
         assert hits[0].text == "an umbrella for the weather"
@@ -226,7 +229,7 @@ def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path
 
 def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int) -> list[Recalled]:
     """The ranking before term statistics: counts from the index on every search."""
-    weights, pool, coverage_weight, neighbours = archive._ranking
+    weights, pool, coverage_weight, neighbours, _ = archive._searcher.ranking
     terms = _fts.query_terms(query)
     if not terms:
         return []
@@ -238,7 +241,7 @@ def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int)
         "WHERE messages_fts MATCH ? AND m.conversation_id = ? "
         "ORDER BY score DESC, m.idx LIMIT ?",
         (
-            *weights,
+            *weights[:3],
             f"scope : {_fts.quote(scope)} AND {_fts.match_any(terms, columns)}",
             conversation_id,
             max(pool, k),
@@ -265,9 +268,13 @@ def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int)
             if row[0] in matched:
                 hits[row[0]] = hits.get(row[0], 0.0) + idf
     shares = {i: w / weight_sum for i, w in hits.items()} if len(terms) > 1 else {}
+    candidates = [_rank.Candidate(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
     if neighbours > 0:
-        rows += _rank.replies(db, conversation_id, rows)
-    return _rank.rescore(rows, shares, coverage_weight, neighbours)[:k]
+        questions = {c.index + 1 for c in candidates if "?" in c.text}
+        have = {c.index for c in candidates}
+        candidates += _lexical.rows_at(db, conversation_id, questions - have)
+    scores = _rank.lexical_scores(candidates, shares, coverage_weight, neighbours)
+    return _rank.select(scores, {c.index: c for c in reversed(candidates)}, k)
 
 
 @pytest.mark.parametrize("context_weight", [1.0, 0.0])
@@ -280,7 +287,11 @@ def test_below_the_budget_search_ranks_as_counting_everything_did(
         for _ in range(60)
     ]
     with SQLiteArchive(
-        tmp_path / "a.db", context=speaker, context_weight=context_weight, pool=10
+        tmp_path / "a.db",
+        context=speaker,
+        context_weight=context_weight,
+        adjacent_weight=0,
+        pool=10,
     ) as archive:
         fill(archive, chat("a", 300, 6))
         fill(archive, chat("b", 100, 7))
@@ -290,13 +301,13 @@ def test_below_the_budget_search_ranks_as_counting_everything_did(
 
 
 def test_past_the_budget_only_the_newest_matches_are_scored(tmp_path: Path) -> None:
-    n = _rank.MATCH_BUDGET + 100
+    n = _lexical.MATCH_BUDGET + 100
     texts = ["weather weather weather report", *(f"the weather on day {i}" for i in range(n))]
-    with SQLiteArchive(tmp_path / "a.db") as archive:
+    with SQLiteArchive(tmp_path / "a.db", adjacent_weight=0) as archive:
         archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
         hits = archive.search("c", "weather", k=10)
         assert len(hits) == 10
-        assert all(h.index > len(texts) - 1 - _rank.MATCH_BUDGET for h in hits)
+        assert all(h.index > len(texts) - 1 - _lexical.MATCH_BUDGET for h in hits)
         # Below the budget the same message wins on its term frequency.
         archive.delete("c")
         fewer = [*texts[:20], *(f"a quiet day {i}" for i in range(40))]

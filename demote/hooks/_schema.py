@@ -1,0 +1,124 @@
+"""The SQLite archive's schema (``PRAGMA user_version = 3``) and its migrations.
+
+::
+
+    messages(id INTEGER PRIMARY KEY, conversation_id, idx, role, text, context, speaker,
+             adjacent, key, scope)
+        UNIQUE (conversation_id, key)      -- re-delivery stores nothing twice
+        INDEX  (conversation_id, idx)      -- messages() in order, neighbours
+    messages_fts USING fts5(scope, text, context, adjacent,
+                            content='messages', content_rowid='id',
+                            tokenize='porter unicode61')
+    conversations(id, conversation_id UNIQUE, messages)      -- messages stored
+    terms(conversation, term, in_text, in_any)               -- document frequencies
+    speakers(conversation_id, speaker)                       -- who speaks in each
+    vectors(seq AUTOINCREMENT, message UNIQUE, conversation_id, idx, vector BLOB)
+    settings(name PRIMARY KEY, value)                        -- which model made the vectors
+
+``adjacent`` holds the text of the messages just before and just after (kept in step as
+neighbours arrive, by :func:`refresh_adjacent`), so a reply is found by the words of the
+question it answers. ``speaker`` (and the ``speakers`` table) come from a context mapping's
+``"speaker"``. Version 2 files gain ``speaker``, ``adjacent``, the speakers and vector
+tables and a rebuilt full-text index when opened; version 1 files also gain the term
+statistics.
+Each migration runs in the opening transaction: it completes or leaves the file as it was.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+
+from demote.errors import StoreError
+from demote.hooks import _lexical, _vectors
+
+__all__ = ["VERSION", "create_or_migrate", "refresh_adjacent"]
+
+VERSION = 3
+
+_MESSAGES = """CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL,
+    role TEXT NOT NULL, text TEXT NOT NULL, context TEXT NOT NULL DEFAULT '',
+    key TEXT NOT NULL, scope TEXT NOT NULL, speaker TEXT NOT NULL DEFAULT '',
+    adjacent TEXT NOT NULL DEFAULT '', UNIQUE (conversation_id, key)
+)"""
+
+_FTS = (
+    """CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(
+        scope, text, context, adjacent,
+        content='messages', content_rowid='id', tokenize='porter unicode61'
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS messages_ai AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts (rowid, scope, text, context, adjacent)
+        VALUES (new.id, new.scope, new.text, new.context, new.adjacent);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS messages_ad AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, scope, text, context, adjacent)
+        VALUES ('delete', old.id, old.scope, old.text, old.context, old.adjacent);
+    END""",
+    """CREATE TRIGGER IF NOT EXISTS messages_au AFTER UPDATE OF adjacent ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, scope, text, context, adjacent)
+        VALUES ('delete', old.id, old.scope, old.text, old.context, old.adjacent);
+        INSERT INTO messages_fts (rowid, scope, text, context, adjacent)
+        VALUES (new.id, new.scope, new.text, new.context, new.adjacent);
+    END""",
+)
+
+_SCHEMA = (
+    _MESSAGES,
+    "CREATE INDEX IF NOT EXISTS messages_conversation_idx ON messages (conversation_id, idx)",
+    *_FTS,
+    *_lexical.STATS_SCHEMA,
+    *_vectors.SCHEMA,
+)
+
+# The text of the messages at idx - 1 and idx + 1 (a rewrite may leave two at one index:
+# the newest counts).
+_ADJACENT = """coalesce((SELECT p.text FROM messages AS p WHERE p.conversation_id =
+    m.conversation_id AND p.idx = m.idx - 1 ORDER BY p.id DESC LIMIT 1), '') || char(10) ||
+    coalesce((SELECT n.text FROM messages AS n WHERE n.conversation_id = m.conversation_id
+    AND n.idx = m.idx + 1 ORDER BY n.id DESC LIMIT 1), '')"""
+
+
+def refresh_adjacent(db: sqlite3.Connection, conversation_id: str, indexes: Iterable[int]) -> None:
+    """Recompute ``adjacent`` for the messages at ``indexes`` (and reindex those changed)."""
+    wanted = sorted(set(indexes))
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        db.execute(
+            f"UPDATE messages AS m SET adjacent = {_ADJACENT} "
+            f"WHERE m.conversation_id = ? AND m.idx IN ({marks}) AND m.adjacent != {_ADJACENT}",
+            (conversation_id, *chunk),
+        )
+
+
+def create_or_migrate(db: sqlite3.Connection) -> None:
+    """Create the schema in a new file or bring an older one to :data:`VERSION`.
+
+    Runs inside the caller's write transaction.
+
+    Raises:
+        StoreError: The file's schema is newer than this code.
+    """
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, 1, 2, VERSION):
+        raise StoreError(
+            f"archive schema version {version} is not supported (expected at most {VERSION})"
+        )
+    old = version in (1, 2)
+    if old:
+        for column in ("speaker", "adjacent"):
+            db.execute(f"ALTER TABLE messages ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+        db.execute(f"UPDATE messages AS m SET adjacent = {_ADJACENT}")
+        for trigger in ("messages_ai", "messages_ad"):
+            db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+        db.execute("DROP TABLE IF EXISTS messages_fts")
+    for statement in _SCHEMA:
+        db.execute(statement)
+    if old:
+        db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
+    if version == 1:
+        _lexical.rebuild_terms(db)  # version 1 had no statistics
+    if version != VERSION:
+        db.execute(f"PRAGMA user_version = {VERSION}")
