@@ -39,6 +39,16 @@ if the thread falls behind anyway (checkpoints failing, or starved of the disk) 
 reaches about twice ``wal_limit`` (estimated from the last checkpoint's report plus one
 page per commit since), the committing call runs the checkpoint itself, inline.
 
+Erase: :meth:`SQLiteOutbox.erase` deletes a conversation's queued items and dead letters
+(found by a hash of the conversation id stored with each row, see
+:mod:`demote.capture._outbox_schema`; a plain JSON value belongs to no conversation). The
+connection runs with ``secure_delete`` on, so a deleted row's bytes are overwritten in the
+file rather than left in free space (delivered items too: their rows are deleted the same
+way), and an erase ends with a TRUNCATE checkpoint, so they do not survive in the WAL
+either. An erase made under a fencing token is remembered per conversation: a batch that
+arrives later with an older token (from a worker whose lease the erase revoked) is refused
+with :class:`~demote.errors.FencedOut` instead of being queued.
+
 Use one Recorder per outbox file at a time: a second Recorder started on the same file
 would take the first one's queued rows for leftovers and deliver them too (harmless for
 idempotent sinks, but wasted work). ``sqlite3`` errors surface as
@@ -52,40 +62,23 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Literal
 
 from demote._closing import Closing
+from demote.capture import _outbox_schema as schema
 from demote.capture.codec import decode
 from demote.capture.dispatch import RetryPolicy
-from demote.errors import ConfigError, StoreError
+from demote.errors import ConfigError, FencedOut, StoreError
 
 __all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
 
 logger = logging.getLogger("demote.capture")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    error TEXT,
-    created_at REAL NOT NULL,
-    failed_at REAL NOT NULL
-);
-"""
+_TRUNCATE_PATIENCE = 1.0  # seconds an erase retries a TRUNCATE checkpoint that is busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +199,8 @@ class SQLiteOutbox(Closing):
             )
             (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
+            schema.create(self._db)
             if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
                 self._ckpt_db = sqlite3.connect(
@@ -243,16 +237,89 @@ class SQLiteOutbox(Closing):
                 self._ckpt_db.close()
             self._db.close()
 
-    def put(self, key: str, payload: str) -> int:
-        """Store one item durably; returns its row id."""
+    def put(
+        self, key: str, payload: str, *, conversation: str | None = None, fence: int | None = None
+    ) -> int:
+        """Store one item durably; returns its row id.
+
+        Args:
+            key: The item's dedup key.
+            payload: The item, encoded (:func:`~demote.capture.codec.encode`).
+            conversation: The conversation it belongs to, if any (what erase finds it by).
+            fence: The fencing token it was delivered under, if any.
+
+        Raises:
+            FencedOut: ``fence`` is older than the conversation's last erase; nothing was
+                stored.
+            StoreError: The write failed.
+        """
+        h = None if conversation is None else schema.conversation_hash(conversation)
         with self._lock, _translated(self.path, "put"):
-            row = self._db.execute(
-                "INSERT INTO outbox (key, payload, created_at) VALUES (?, ?, ?)",
-                (key, payload, time.time()),
-            ).lastrowid
+            insert = (
+                "INSERT INTO outbox (key, payload, created_at, conversation) VALUES (?, ?, ?, ?)"
+            )
+            args = (key, payload, time.time(), h)
+            if fence is None or h is None:
+                row = self._db.execute(insert, args).lastrowid
+            else:
+                with self._transaction():  # the check and the write, atomic across processes
+                    erased = self._db.execute(
+                        "SELECT fence FROM erased WHERE conversation = ?", (h,)
+                    ).fetchone()
+                    if erased is not None and fence < erased[0]:
+                        raise FencedOut(
+                            f"outbox {self.path!r}: a batch of conversation {conversation!r} "
+                            f"carries fencing token {fence}, older than its erase (token "
+                            f"{erased[0]}); refused"
+                        )
+                    row = self._db.execute(insert, args).lastrowid
             self._committed()
             assert row is not None
             return row
+
+    def erase(
+        self,
+        conversation_id: str,
+        *,
+        fence: int | None = None,
+        keys: Sequence[str] | None = None,
+    ) -> int:
+        """Delete the conversation's queued items and dead letters, bytes included.
+
+        A running Recorder must not deliver them afterwards: erase through
+        :meth:`Recorder.erase <demote.capture.Recorder.erase>`, which also drops them from
+        its memory. Rows are deleted with ``secure_delete`` on, then the WAL is
+        checkpointed and truncated, so the text survives neither in the file's free space
+        nor in the WAL.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token: later batches of the conversation carrying
+                an older one are refused (:class:`~demote.errors.FencedOut`).
+            keys: Unused (rows are found by conversation); part of the tier protocol.
+
+        Returns:
+            How many rows were deleted (queued and dead letters).
+
+        Raises:
+            StoreError: The delete or the checkpoint failed.
+        """
+        h = schema.conversation_hash(conversation_id)
+        with self._lock, _translated(self.path, "erase"):
+            with self._transaction():
+                removed = sum(
+                    self._db.execute(f"DELETE FROM {table} WHERE conversation = ?", (h,)).rowcount
+                    for table in ("outbox", "dead_letters")
+                )
+                if fence is not None:
+                    self._db.execute(
+                        "INSERT INTO erased (conversation, fence) VALUES (?, ?) ON CONFLICT "
+                        "(conversation) DO UPDATE SET fence = max(fence, excluded.fence)",
+                        (h, fence),
+                    )
+            self._committed()
+            self._truncate_wal()
+        return removed
 
     def ack(self, row: int) -> None:
         """Forget a delivered item."""
@@ -275,8 +342,9 @@ class SQLiteOutbox(Closing):
             with self._transaction():
                 self._db.execute(
                     "INSERT INTO dead_letters"
-                    " (key, payload, attempts, error, created_at, failed_at)"
-                    " SELECT key, payload, ?, ?, created_at, ? FROM outbox WHERE id = ?",
+                    " (key, payload, attempts, error, created_at, failed_at, conversation)"
+                    " SELECT key, payload, ?, ?, created_at, ?, conversation"
+                    " FROM outbox WHERE id = ?",
                     (attempts, error, time.time(), row),
                 )
                 self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
@@ -324,8 +392,9 @@ class SQLiteOutbox(Closing):
             with self._transaction():
                 first = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()
                 self._db.execute(
-                    "INSERT INTO outbox (key, payload, attempts, created_at)"
-                    " SELECT key, payload, 0, created_at FROM dead_letters ORDER BY id"
+                    "INSERT INTO outbox (key, payload, attempts, created_at, conversation)"
+                    " SELECT key, payload, 0, created_at, conversation FROM dead_letters"
+                    " ORDER BY id"
                 )
                 self._db.execute("DELETE FROM dead_letters")
                 rows = self._db.execute(
@@ -363,6 +432,28 @@ class SQLiteOutbox(Closing):
                 self._checkpoint(self._db, "valve")
             except sqlite3.Error as exc:  # the write itself is committed: do not fail it
                 logger.warning("outbox %r: checkpoint failed: %s", self.path, exc)
+
+    def _truncate_wal(self) -> None:
+        """Copy the WAL back and truncate it to zero bytes (locked; after an erase).
+
+        A checkpoint the background thread is running at that moment makes it busy:
+        retried for up to a second, then a :class:`StoreError` (the erased rows are
+        deleted, but their bytes may remain in the WAL until the next checkpoint).
+        """
+        if self._checkpointer is None:
+            return  # not in WAL mode (":memory:"): no WAL to truncate
+        deadline = time.monotonic() + _TRUNCATE_PATIENCE
+        while True:
+            busy, wal, done = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                self._report(self._commits, 0, "truncate", whole=True)
+                return
+            if time.monotonic() >= deadline:
+                raise sqlite3.OperationalError(
+                    f"the WAL could not be truncated (busy; {done} of {wal} pages copied): "
+                    "erased bytes may remain in it until the next checkpoint"
+                )
+            time.sleep(0.01)
 
     def _checkpoint(self, db: sqlite3.Connection, kind: str) -> None:
         """One PASSIVE checkpoint with nothing of ours committing meanwhile (locked).
