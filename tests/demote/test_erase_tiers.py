@@ -13,9 +13,11 @@ from typing import Any
 
 from demote import (
     AsyncRecorder,
+    CallbackHook,
     Demoter,
     Demotion,
     FanOutHook,
+    InMemoryStateStore,
     Recorder,
     SlidingWindow,
     SQLiteOutbox,
@@ -176,3 +178,34 @@ async def test_aerase_through_an_async_recorder(
             ]
         assert stored(memory, "c") == [] and len(stored(memory, "o")) == 8
         assert leaks(db, SECRET) == []
+
+
+def test_a_late_batch_from_a_worker_the_erase_took_over_from_is_fenced_out(
+    tmp_path: Path,
+) -> None:
+    store = InMemoryStateStore()
+    db = tmp_path / "outbox.db"
+    outbox = SQLiteOutbox(db)
+    shelf = Shelf()
+    recorder = Recorder(shelf, outbox=outbox)
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow(batch: Demotion) -> None:  # a hook before the Recorder, hanging for a while
+        entered.set()
+        assert gate.wait(10)
+
+    worker = Demoter(LAST2, FanOutHook(CallbackHook(slow), recorder), state=store)
+    admin = Demoter(LAST2, FanOutHook(CallbackHook(slow), recorder), state=store)
+    c = chat("c", SECRET, 10)
+    thread = threading.Thread(target=lambda: worker.load("c", c, describer(worker)))
+    thread.start()
+    assert entered.wait(5)
+    report = admin.erase("c", wait=0.1)  # the worker does not finish in time
+    assert report.took_over
+    gate.set()  # its batch reaches the Recorder under the revoked, older token
+    thread.join(5)
+    recorder.close()
+    assert (worker.stats().last_error or "").startswith("FencedOut")
+    assert shelf.texts("c") == "" and outbox.pending() == 0
+    assert leaks(db, SECRET) == [] and store.get("c") is None
+    outbox.close()
