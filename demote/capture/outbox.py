@@ -189,7 +189,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
 
         Args:
             key: The item's dedup key.
-            payload: The item, encoded (:func:`~demote.capture.codec.encode`).
+            payload: The item, encoded (``demote.capture.codec.encode``).
             conversation: The conversation it belongs to, if any (what erase finds it by).
             fence: The fencing token it was delivered under, if any.
 
