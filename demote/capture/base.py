@@ -184,7 +184,8 @@ class RecorderBase:
         queue, so none reaches the sink afterwards. An item of the conversation being
         delivered at this moment is waited for (up to ``flush_timeout``) and not retried;
         the sink itself is erased as the next tier (:meth:`parts`). Plain JSON values
-        belong to no conversation and stay.
+        belong to no conversation and stay. On an :class:`~demote.capture.AsyncRecorder`,
+        await :meth:`aerase` from its loop (this blocking wait would hold the loop).
 
         Args:
             conversation_id: The conversation.

@@ -200,24 +200,23 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         """
         h = None if conversation is None else schema.conversation_hash(conversation)
         with self._lock, _translated(self.path, "put"):
-            insert = (
-                "INSERT INTO outbox (key, payload, created_at, conversation) VALUES (?, ?, ?, ?)"
+            # One statement, so the fence check and the write are atomic across processes
+            # (no fence, no conversation: the NULL compares as false and the row goes in).
+            cursor = self._db.execute(
+                "INSERT INTO outbox (key, payload, created_at, conversation)"
+                " SELECT ?, ?, ?, ? WHERE NOT EXISTS"
+                " (SELECT 1 FROM erased WHERE conversation = ? AND fence > ?)",
+                (key, payload, time.time(), h, h, fence),
             )
-            args = (key, payload, time.time(), h)
-            if fence is None or h is None:
-                row = self._db.execute(insert, args).lastrowid
-            else:
-                with self._transaction():  # the check and the write, atomic across processes
-                    erased = self._db.execute(
-                        "SELECT fence FROM erased WHERE conversation = ?", (h,)
-                    ).fetchone()
-                    if erased is not None and fence < erased[0]:
-                        raise FencedOut(
-                            f"outbox {self.path!r}: a batch of conversation {conversation!r} "
-                            f"carries fencing token {fence}, older than its erase (token "
-                            f"{erased[0]}); refused"
-                        )
-                    row = self._db.execute(insert, args).lastrowid
+            if cursor.rowcount == 0:
+                (erased,) = self._db.execute(
+                    "SELECT fence FROM erased WHERE conversation = ?", (h,)
+                ).fetchone()
+                raise FencedOut(
+                    f"outbox {self.path!r}: a batch of conversation {conversation!r} carries "
+                    f"fencing token {fence}, older than its erase (token {erased}); refused"
+                )
+            row = cursor.lastrowid
             self._committed()
             assert row is not None
             return row
