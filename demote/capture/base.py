@@ -172,11 +172,7 @@ class RecorderBase:
         return (self._sink,)
 
     def erase(
-        self,
-        conversation_id: str,
-        *,
-        fence: int | None = None,
-        keys: Sequence[str] | None = None,
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
     ) -> int:
         """Forget the conversation's items not yet delivered: queued, retried, dead letters.
 
@@ -205,11 +201,7 @@ class RecorderBase:
         return drive_sync(self._erase(conversation_id, fence))
 
     async def aerase(
-        self,
-        conversation_id: str,
-        *,
-        fence: int | None = None,
-        keys: Sequence[str] | None = None,
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
     ) -> int:
         """:meth:`erase` without blocking the event loop (the outbox runs in a thread)."""
         return await drive_async(self._erase(conversation_id, fence))

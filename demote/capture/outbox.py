@@ -222,11 +222,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             return row
 
     def erase(
-        self,
-        conversation_id: str,
-        *,
-        fence: int | None = None,
-        keys: Sequence[str] | None = None,
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
     ) -> int:
         """Delete the conversation's queued items and dead letters, bytes included.
 

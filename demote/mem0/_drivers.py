@@ -238,11 +238,7 @@ class _Mem0Tier:
     _known: _KnownKeys
 
     def erase(
-        self,
-        conversation_id: str,
-        *,
-        fence: int | None = None,
-        keys: Sequence[str] | None = None,
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
     ) -> int:
         """Delete the conversation's memories from mem0 (blocking).
 
@@ -271,11 +267,7 @@ class _Mem0Tier:
         return self._mem.run(self._mem.erase(self._known, conversation_id), HookError)
 
     async def aerase(
-        self,
-        conversation_id: str,
-        *,
-        fence: int | None = None,
-        keys: Sequence[str] | None = None,
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
     ) -> int:
         """:meth:`erase` without blocking the event loop.
 
