@@ -11,7 +11,8 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     ├── MessageTypeError(TypeError)        an adapter was given something that is not a message
     ├── HookError                          a demotion hook failed (``on_hook_error="raise"``)
     │   ├── HookTimeout(TimeoutError)      a hook did not finish within ``hook_timeout``
-    │   └── HookBusy                       every hook thread is busy with earlier (hung) calls
+    │   ├── HookBusy                       every hook thread is busy with earlier (hung) calls
+    │   └── FencedOut                      a batch's fencing token predates its conversation's erase
     ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
     ├── StoreError                         a state store, archive or outbox backend failed
     ├── EmbeddingError                     an embedding model failed or returned bad vectors
@@ -33,6 +34,7 @@ __all__ = [
     "ConversationIdError",
     "DemoteError",
     "DemoteWarning",
+    "FencedOut",
     "HookBusy",
     "EmbeddingError",
     "EmbeddingModelChanged",
@@ -96,6 +98,15 @@ class HookBusy(HookError):
     """Every thread the engine keeps for sync hook calls is busy (a hung sink?).
 
     The batch was not started; its messages stay pending and are retried with backoff.
+    """
+
+
+class FencedOut(HookError):
+    """A batch carries a fencing token older than its conversation's last erase.
+
+    It comes from a worker whose lease was revoked while it delivered (an erase took the
+    conversation over); nothing was stored. The worker's messages stay pending, and since
+    the conversation was erased its state is gone, so nothing of it reaches the sink.
     """
 
 

@@ -2,8 +2,18 @@
 
 :class:`RecorderBase` turns ``enqueue`` into an :class:`~demote.capture.dispatch.Envelope`
 (blank check, dedup key, durable write), acts on the dispatcher's decisions (ack, retry,
-bury, drop, with their log lines) and reports what ``close`` left behind. The two drivers
-in :mod:`demote.capture.recorder` only add how the worker waits and calls the sink.
+bury, drop, with their log lines), erases a conversation's items, and reports what
+``close`` left behind. The two drivers in :mod:`demote.capture.recorder` only add how the
+worker waits and calls the sink.
+
+Erase (:meth:`RecorderBase.erase`): under the Recorder's lock, so no enqueue interleaves,
+the conversation's rows leave the outbox (queued and dead letters, with the erase's fence
+recorded) and its items leave the dispatcher; the worker can no longer start one. An item
+of the conversation already in the sink cannot be recalled: erase waits for it to end (up
+to ``flush_timeout``; if it fails it is not retried), so that the sink's own erase, which
+:meth:`demote.Demoter.erase` runs next (the sink is the Recorder's part), comes after it.
+If it does not end in time erase raises :class:`~demote.errors.HookTimeout`: the item may
+still land in the sink after the sink was erased, and the report says the tier failed.
 """
 
 from __future__ import annotations
@@ -13,10 +23,11 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from demote.capture.codec import decode, dedup_key, encode, is_blank
+from demote._flow import Call, Flow, Sleep, drive_async, drive_sync
+from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
     Decision,
@@ -29,12 +40,15 @@ from demote.capture.dispatch import (
     _Stop,
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
-from demote.errors import ConfigError, StoreError
-from demote.records import CapturedTurn
+from demote.errors import ConfigError, HookTimeout, StoreError
+from demote.records import CapturedTurn, Demotion
+from demote.state.base import validate_conversation_id
 
 __all__ = ["CURRENT_KEY", "AsyncCall", "RecorderBase", "SyncCall", "current_key", "logger"]
 
 logger = logging.getLogger("demote.capture")
+
+_POLL_SECONDS = 0.01  # how often erase looks whether the sink has finished an item
 
 CURRENT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "demote_capture_key", default=None
@@ -79,6 +93,7 @@ class RecorderBase:
         if not flush_timeout >= 0:
             raise ConfigError(f"flush_timeout must be >= 0, got {flush_timeout}")
         self._sync_call, self._async_call = _resolve(sink)
+        self._sink = sink
         self.flush_timeout = float(flush_timeout)
         self.outbox = outbox
         self._dispatcher = Dispatcher(outbox.retry if outbox is not None else None)
@@ -106,6 +121,9 @@ class RecorderBase:
                 a non-empty str.
             StoreError: With an outbox, the durable write failed (nothing was queued, so
                 a demotion hook's caller keeps its watermark and retries).
+            FencedOut: With an outbox, ``item`` is a batch whose fencing token predates
+                its conversation's erase (a late write from a worker that lost its lease);
+                nothing was queued.
         """
         if is_blank(item) or self._closed:
             with self._lock:
@@ -113,6 +131,8 @@ class RecorderBase:
             return
         item_key = dedup_key(item, key)
         payload = encode(item) if self.outbox is not None else None
+        conversation = conversation_of(item)
+        fence = item.fence if isinstance(item, Demotion) else None
         self._ensure_started()
         with self._lock:
             if self._closed:
@@ -120,9 +140,9 @@ class RecorderBase:
                 return
             row = None
             if self.outbox is not None and payload is not None:
-                row = self.outbox.put(item_key, payload)
+                row = self.outbox.put(item_key, payload, conversation=conversation, fence=fence)
             self._dispatcher.accepted()
-            self._push(Envelope(item_key, item, row))
+            self._push(Envelope(item_key, item, row, conversation=conversation))
 
     def capture(self, turn: CapturedTurn) -> None:
         """Capture sink protocol: queue ``turn`` (see :meth:`enqueue`)."""
@@ -147,9 +167,77 @@ class RecorderBase:
                     self._push(envelope)
         return len(rows)
 
+    def parts(self) -> tuple[object, ...]:
+        """The sink: a tier of its own, erased after this Recorder (see :mod:`demote.erase`)."""
+        return (self._sink,)
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Forget the conversation's items not yet delivered: queued, retried, dead letters.
+
+        They leave the outbox (bytes included, see :meth:`SQLiteOutbox.erase`) and the
+        queue, so none reaches the sink afterwards. An item of the conversation being
+        delivered at this moment is waited for (up to ``flush_timeout``) and not retried;
+        the sink itself is erased as the next tier (:meth:`parts`). Plain JSON values
+        belong to no conversation and stay. On an :class:`~demote.capture.AsyncRecorder`,
+        await :meth:`aerase` from its loop (this blocking wait would hold the loop).
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token; the outbox then refuses the conversation's
+                batches delivered under an older one (:class:`~demote.errors.FencedOut`).
+            keys: Unused (items are found by conversation); part of the tier protocol.
+
+        Returns:
+            Items removed: outbox rows with an outbox (dead letters included), else items
+            taken out of the queue.
+
+        Raises:
+            HookTimeout: An item of the conversation was still in the sink after
+                ``flush_timeout``: it may land there after the sink's erase.
+            StoreError: The outbox failed; nothing was erased.
+        """
+        return drive_sync(self._erase(conversation_id, fence))
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """:meth:`erase` without blocking the event loop (the outbox runs in a thread)."""
+        return await drive_async(self._erase(conversation_id, fence))
+
+    def _erase(self, conversation_id: str, fence: int | None) -> Flow[int]:
+        cid = validate_conversation_id(conversation_id)
+        removed: int = yield Call(self, "_erase_waiting", (cid, fence), {})
+        deadline = time.monotonic() + self.flush_timeout
+        while self._delivering(cid):
+            if time.monotonic() >= deadline:
+                raise HookTimeout(
+                    f"erase {cid!r}: an item of the conversation was still being delivered "
+                    f"after flush_timeout={self.flush_timeout:g} s; it may reach the sink "
+                    "after the sink's erase: erase again once it has ended"
+                )
+            yield Sleep(_POLL_SECONDS)
+        return removed
+
+    def _erase_waiting(self, cid: str, fence: int | None) -> int:
+        with self._lock:  # no enqueue in between: its fence check sees this erase
+            rows = None if self.outbox is None else self.outbox.erase(cid, fence=fence)
+            dropped = self._dispatcher.erase(cid)
+        return dropped if rows is None else rows
+
+    def _delivering(self, cid: str) -> bool:
+        with self._lock:
+            return self._dispatcher.delivering(cid)
+
     # -- for the drivers -------------------------------------------------------------
 
     def _push(self, message: Envelope | _Stop) -> None:
+        """Hand ``message`` to the dispatcher and wake the worker (locked)."""
+        self._dispatcher.receive(message)
+        self._wake()
+
+    def _wake(self) -> None:
         raise NotImplementedError
 
     def _ensure_started(self) -> None:
@@ -171,7 +259,10 @@ class RecorderBase:
         envelopes = []
         for row in rows:
             try:
-                envelopes.append(Envelope(row.key, decode(row.payload), row.id, row.attempts))
+                item = decode(row.payload)
+                envelopes.append(
+                    Envelope(row.key, item, row.id, row.attempts, conversation_of(item))
+                )
             except StoreError as exc:
                 logger.error("outbox row %d (key %s) is unreadable: %s", row.id, row.key, exc)
                 self.outbox.bury(row.id, row.attempts, str(exc))
@@ -180,10 +271,6 @@ class RecorderBase:
     def _step(self) -> Deliver | Wait | None:
         with self._lock:
             return self._dispatcher.next_step(time.monotonic())
-
-    def _receive(self, message: Envelope | _Stop) -> None:
-        with self._lock:
-            self._dispatcher.receive(message)
 
     def _settle(self, envelope: Envelope, error: BaseException | None) -> None:
         with self._lock:
@@ -195,9 +282,11 @@ class RecorderBase:
 
     def _apply(self, decision: Decision) -> None:
         envelope, row, outbox = decision.envelope, decision.envelope.row, self.outbox
-        if decision.verdict is Verdict.ACK:
+        if decision.verdict in (Verdict.ACK, Verdict.ERASED):
+            if decision.verdict is Verdict.ERASED:
+                logger.info("sink failed on key %s, whose conversation was erased", envelope.key)
             if outbox is not None and row is not None:
-                outbox.ack(row)
+                outbox.ack(row)  # (erased: the row is gone already)
         elif decision.verdict is Verdict.DROP:
             logger.warning("sink failed on key %s; item dropped: %s", envelope.key, decision.error)
         elif decision.verdict is Verdict.RETRY:

@@ -6,10 +6,11 @@ thread and asyncio Recorders and by the outbox.
 
 Durable form (one JSON object per item, ``"v": 1``):
 
-* ``Demotion``: conversation id and, per message, role, text, index and key.
-  ``DemotedMessage.raw`` (the framework's own message object) is **not** persisted: an
-  item read back from an outbox has ``raw=None``. Sinks that need the framework object
-  must cope with its absence (the built-in hooks only read role, text, index and key).
+* ``Demotion``: conversation id, fencing token (if any) and, per message, role, text,
+  index and key. ``DemotedMessage.raw`` (the framework's own message object) is **not**
+  persisted: an item read back from an outbox has ``raw=None``. Sinks that need the
+  framework object must cope with its absence (the built-in hooks only read role, text,
+  index and key).
 * ``CapturedTurn``: all five fields.
 * anything else: stored as strict JSON (no NaN or infinity). It comes back as JSON does:
   tuples as lists, non-string dict keys as strings.
@@ -25,7 +26,7 @@ from typing import Any
 from demote.errors import ConfigError, StoreError
 from demote.records import ROLES, CapturedTurn, DemotedMessage, Demotion
 
-__all__ = ["decode", "dedup_key", "encode", "is_blank"]
+__all__ = ["conversation_of", "decode", "dedup_key", "encode", "is_blank"]
 
 _VERSION = 1
 
@@ -45,6 +46,13 @@ def is_blank(item: object) -> bool:
     if isinstance(item, CapturedTurn):
         return not item.text.strip()
     return False
+
+
+def conversation_of(item: object) -> str | None:
+    """The conversation ``item`` belongs to (records only: a plain value has none)."""
+    if isinstance(item, Demotion | CapturedTurn):
+        return item.conversation_id
+    return None
 
 
 def dedup_key(item: object, key: str | None = None) -> str:
@@ -88,6 +96,8 @@ def encode(item: object) -> str:
             "conversation_id": item.conversation_id,
             "messages": [[m.role, m.text, m.index, m.key] for m in item.messages],
         }
+        if item.fence is not None:
+            doc["fence"] = item.fence
     elif isinstance(item, CapturedTurn):
         doc = {
             "kind": "turn",
@@ -135,7 +145,10 @@ def decode(payload: str) -> Any:
                 DemotedMessage(role=_role(role), text=str(text), index=int(index), key=str(key))
                 for role, text, index, key in doc["messages"]
             )
-            return Demotion(conversation_id=str(doc["conversation_id"]), messages=messages)
+            fence = doc.get("fence")
+            if fence is not None and (isinstance(fence, bool) or not isinstance(fence, int)):
+                raise ValueError(f"fence must be an int, got {fence!r}")
+            return Demotion(str(doc["conversation_id"]), messages, fence)
         raise ValueError(f"unknown payload kind {kind!r}")
     except (ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"cannot read outbox payload: {exc}") from exc

@@ -5,13 +5,18 @@ no sink and no SQLite. A driver (a thread in :class:`~demote.capture.Recorder`, 
 task in :class:`~demote.capture.AsyncRecorder`) loops::
 
     step = dispatcher.next_step(now)
-    Wait(timeout)  -> block on its queue up to ``timeout``; hand what arrives to receive()
+    Wait(timeout)  -> sleep up to ``timeout``, or until an enqueue wakes it
     Deliver(env)   -> call the sink; hand the outcome to settle() and act on the Decision
     None           -> stop
 
+``enqueue`` hands each item to :meth:`Dispatcher.receive` at once (under the Recorder's
+lock), so the dispatcher holds every item not yet delivered, and :meth:`Dispatcher.erase`
+can take a conversation's items out before the worker reaches them.
+
 The dispatcher keeps the order (items ready in arrival order, due retries first), the
 backoff schedule, the stop rule (STOP drains what was queued before it; retries still
-waiting stay in the outbox) and the counters behind :class:`RecorderStats`.
+waiting stay in the outbox), the item in flight, and the counters behind
+:class:`RecorderStats`.
 """
 
 from __future__ import annotations
@@ -85,20 +90,23 @@ class Envelope:
         item: The item as the sink will receive it.
         row: Outbox row id, or ``None`` without an outbox.
         attempts: Failed deliveries so far.
+        conversation: The item's conversation (``None``: a plain value).
     """
 
     key: str
     item: Any
     row: int | None = None
     attempts: int = 0
+    conversation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RecorderStats:
     """Counters of one Recorder.
 
-    Right after close, ``queued == delivered + failed + abandoned`` (an item still in
-    the sink when a timed-out close gave up counts as abandoned, even if it finishes later).
+    Right after close, ``queued == delivered + failed + erased + abandoned`` (an item still
+    in the sink when a timed-out close gave up counts as abandoned, even if it finishes
+    later).
 
     Attributes:
         queued: Items accepted (including outbox leftovers from a previous process).
@@ -108,6 +116,7 @@ class RecorderStats:
         retried: Failed attempts that were scheduled for another try (outbox only).
         abandoned: Items not finished when close gave up (lost without an outbox, left in
             it with one).
+        erased: Items whose conversation was erased before they were delivered.
     """
 
     queued: int = 0
@@ -116,6 +125,7 @@ class RecorderStats:
     dropped: int = 0
     retried: int = 0
     abandoned: int = 0
+    erased: int = 0
 
 
 class Verdict(enum.Enum):
@@ -125,6 +135,7 @@ class Verdict(enum.Enum):
     RETRY = "retry"  # failed, attempts left: keep it, try again after a backoff
     BURY = "bury"  # failed for the last time: move it to the dead letters
     DROP = "drop"  # failed, no outbox: count it failed and forget it
+    ERASED = "erased"  # failed, and its conversation was erased meanwhile: forget it
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +178,8 @@ class Dispatcher:
         self._stopping = False
         self._abandoned = False
         self._stats = RecorderStats()
+        self._flight: Envelope | None = None
+        self._flight_erased = False
 
     @property
     def stats(self) -> RecorderStats:
@@ -177,7 +190,7 @@ class Dispatcher:
     def unfinished(self) -> int:
         """Items accepted but neither delivered nor given up (in flight included)."""
         s = self._stats
-        return s.queued - s.delivered - s.failed
+        return s.queued - s.delivered - s.failed - s.erased
 
     def accepted(self) -> None:
         """Count an item accepted for delivery (it is on its way to :meth:`receive`)."""
@@ -199,22 +212,51 @@ class Dispatcher:
         if self._abandoned:
             return None
         if self._later and self._later[0][0] <= now:
-            return Deliver(heapq.heappop(self._later)[2])
+            return self._start(heapq.heappop(self._later)[2])
         if self._ready:
-            return Deliver(self._ready.popleft())
+            return self._start(self._ready.popleft())
         if self._stopping:
             # Everything queued before STOP is done; retries still in backoff are durable
             # (only an outbox retries) and the next start delivers them.
             return None
         return Wait(self._later[0][0] - now if self._later else None)
 
+    def _start(self, envelope: Envelope) -> Deliver:
+        self._flight, self._flight_erased = envelope, False
+        return Deliver(envelope)
+
+    def delivering(self, conversation: str) -> bool:
+        """Is an item of ``conversation`` in the sink right now?"""
+        return self._flight is not None and self._flight.conversation == conversation
+
+    def erase(self, conversation: str) -> int:
+        """Take the conversation's waiting items out (retries included); how many.
+
+        The item in flight, if it is the conversation's, is not retried should it fail.
+        """
+        before = len(self._ready) + len(self._later)
+        self._ready = deque(e for e in self._ready if e.conversation != conversation)
+        self._later = [entry for entry in self._later if entry[2].conversation != conversation]
+        heapq.heapify(self._later)
+        removed = before - len(self._ready) - len(self._later)
+        if self.delivering(conversation):
+            self._flight_erased = True
+        self._stats = replace(self._stats, erased=self._stats.erased + removed)
+        return removed
+
     def settle(self, envelope: Envelope, error: BaseException | None, now: float) -> Decision:
         """Record the outcome of one delivery attempt and say what to do about it."""
+        erased = envelope is self._flight and self._flight_erased
+        if envelope is self._flight:
+            self._flight = None
         s = self._stats
         if error is None:
             self._stats = replace(s, delivered=s.delivered + 1)
             return Decision(Verdict.ACK, envelope)
         reason = f"{type(error).__name__}: {error}"
+        if erased:
+            self._stats = replace(s, erased=s.erased + 1)
+            return Decision(Verdict.ERASED, envelope, reason)
         if self._retry is None:
             self._stats = replace(s, failed=s.failed + 1)
             return Decision(Verdict.DROP, envelope, reason)

@@ -39,6 +39,16 @@ if the thread falls behind anyway (checkpoints failing, or starved of the disk) 
 reaches about twice ``wal_limit`` (estimated from the last checkpoint's report plus one
 page per commit since), the committing call runs the checkpoint itself, inline.
 
+Erase: :meth:`SQLiteOutbox.erase` deletes a conversation's queued items and dead letters
+(found by a hash of the conversation id stored with each row, see
+:mod:`demote.capture._outbox_schema`; a plain JSON value belongs to no conversation). The
+connection runs with ``secure_delete`` on, so a deleted row's bytes are overwritten in the
+file rather than left in free space (delivered items too: their rows are deleted the same
+way), and an erase ends with a TRUNCATE checkpoint, so they do not survive in the WAL
+either. An erase made under a fencing token is remembered per conversation: a batch that
+arrives later with an older token (from a worker whose lease the erase revoked) is refused
+with :class:`~demote.errors.FencedOut` instead of being queued.
+
 Use one Recorder per outbox file at a time: a second Recorder started on the same file
 would take the first one's queued rows for leftovers and deliver them too (harmless for
 idempotent sinks, but wasted work). ``sqlite3`` errors surface as
@@ -47,45 +57,23 @@ idempotent sinks, but wasted work). ``sqlite3`` errors surface as
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 import threading
 import time
-import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Literal
 
 from demote._closing import Closing
+from demote.capture import _outbox_schema as schema
+from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
 from demote.capture.codec import decode
 from demote.capture.dispatch import RetryPolicy
-from demote.errors import ConfigError, StoreError
+from demote.errors import ConfigError, FencedOut, StoreError
 
 __all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
-
-logger = logging.getLogger("demote.capture")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    error TEXT,
-    created_at REAL NOT NULL,
-    failed_at REAL NOT NULL
-);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,24 +113,7 @@ def _translated(path: str, action: str) -> Iterator[None]:
         raise StoreError(f"outbox {path!r}: {action} failed: {exc}") from exc
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointStats:
-    """How the outbox's WAL has been checkpointed (see the module docstring).
-
-    Attributes:
-        background: PASSIVE checkpoints the checkpoint thread ran without the lock.
-        restarts: Those it then ran holding the lock, the WAL having reached ``wal_limit``.
-        valve: Checkpoints the safety valve ran inline, in a caller's commit.
-        wal_pages: Pages in the WAL at the last checkpoint (0 before the first).
-    """
-
-    background: int = 0
-    restarts: int = 0
-    valve: int = 0
-    wal_pages: int = 0
-
-
-class SQLiteOutbox(Closing):
+class SQLiteOutbox(WalCheckpoints, Closing):
     """A durable outbox in a SQLite file (created if missing).
 
     Safe to share between the threads of one process (one connection behind a lock, plus
@@ -188,71 +159,107 @@ class SQLiteOutbox(Closing):
         self.checkpoint_every = checkpoint_every
         self.wal_limit = wal_limit
         self._lock = threading.Lock()
-        # Checkpoint bookkeeping, under _lock: commits so far, and the WAL's size in pages
-        # as of the commit count a checkpoint last reported it at.
-        self._commits = 0
-        self._reported_at = 0
-        self._wal_pages = 0
-        self._signalled_at = 0
-        self._valve_after = 0
-        self._stats = CheckpointStats()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._checkpointer: threading.Thread | None = None
-        self._ckpt_db: sqlite3.Connection | None = None
+        self._init_checkpoints()
         with _translated(self.path, "open"):
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None, timeout=30
             )
             (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
+            schema.create(self._db)
             if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
-                self._db.execute("PRAGMA wal_autocheckpoint=0")
-                self._ckpt_db = sqlite3.connect(
-                    self.path, check_same_thread=False, isolation_level=None
-                )
-                self._ckpt_db.execute(f"PRAGMA synchronous={synchronous}")
-                self._checkpointer = threading.Thread(
-                    target=_checkpoint_loop,
-                    args=(weakref.ref(self), self._wake, self._ckpt_db),
-                    name="demote-outbox-checkpoint",
-                    daemon=True,
-                )
-                weakref.finalize(self, self._wake.set)  # dropped unclosed: the thread ends
-                self._checkpointer.start()
-
-    @property
-    def checkpoints(self) -> CheckpointStats:
-        """A snapshot of the checkpoint counters (see :class:`CheckpointStats`)."""
-        with self._lock:
-            return self._stats
+                self._start_checkpoints(synchronous)
 
     def close(self) -> None:
         """Stop the checkpoint thread and close the connections (rows stay in the file).
 
         Idempotent. Closing the last connection checkpoints what is left in the WAL.
         """
-        self._stopping = True
-        self._wake.set()
-        thread = self._checkpointer
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        self._stop_checkpoints()
         with self._lock, _translated(self.path, "close"):
             if self._ckpt_db is not None:
                 self._ckpt_db.close()
             self._db.close()
 
-    def put(self, key: str, payload: str) -> int:
-        """Store one item durably; returns its row id."""
+    def put(
+        self, key: str, payload: str, *, conversation: str | None = None, fence: int | None = None
+    ) -> int:
+        """Store one item durably; returns its row id.
+
+        Args:
+            key: The item's dedup key.
+            payload: The item, encoded (``demote.capture.codec.encode``).
+            conversation: The conversation it belongs to, if any (what erase finds it by).
+            fence: The fencing token it was delivered under, if any.
+
+        Raises:
+            FencedOut: ``fence`` is older than the conversation's last erase; nothing was
+                stored.
+            StoreError: The write failed.
+        """
+        h = None if conversation is None else schema.conversation_hash(conversation)
         with self._lock, _translated(self.path, "put"):
-            row = self._db.execute(
-                "INSERT INTO outbox (key, payload, created_at) VALUES (?, ?, ?)",
-                (key, payload, time.time()),
-            ).lastrowid
+            # One statement, so the fence check and the write are atomic across processes
+            # (no fence, no conversation: the NULL compares as false and the row goes in).
+            cursor = self._db.execute(
+                "INSERT INTO outbox (key, payload, created_at, conversation)"
+                " SELECT ?, ?, ?, ? WHERE NOT EXISTS"
+                " (SELECT 1 FROM erased WHERE conversation = ? AND fence > ?)",
+                (key, payload, time.time(), h, h, fence),
+            )
+            if cursor.rowcount == 0:
+                (erased,) = self._db.execute(
+                    "SELECT fence FROM erased WHERE conversation = ?", (h,)
+                ).fetchone()
+                raise FencedOut(
+                    f"outbox {self.path!r}: a batch of conversation {conversation!r} carries "
+                    f"fencing token {fence}, older than its erase (token {erased}); refused"
+                )
+            row = cursor.lastrowid
             self._committed()
             assert row is not None
             return row
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Delete the conversation's queued items and dead letters, bytes included.
+
+        A running Recorder must not deliver them afterwards: erase through
+        :meth:`Recorder.erase <demote.capture.Recorder.erase>`, which also drops them from
+        its memory. Rows are deleted with ``secure_delete`` on, then the WAL is
+        checkpointed and truncated, so the text survives neither in the file's free space
+        nor in the WAL.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token: later batches of the conversation carrying
+                an older one are refused (:class:`~demote.errors.FencedOut`).
+            keys: Unused (rows are found by conversation); part of the tier protocol.
+
+        Returns:
+            How many rows were deleted (queued and dead letters).
+
+        Raises:
+            StoreError: The delete or the checkpoint failed.
+        """
+        h = schema.conversation_hash(conversation_id)
+        with self._lock, _translated(self.path, "erase"):
+            with self._transaction():
+                removed = sum(
+                    self._db.execute(f"DELETE FROM {table} WHERE conversation = ?", (h,)).rowcount
+                    for table in ("outbox", "dead_letters")
+                )
+                if fence is not None:
+                    self._db.execute(
+                        "INSERT INTO erased (conversation, fence) VALUES (?, ?) ON CONFLICT "
+                        "(conversation) DO UPDATE SET fence = max(fence, excluded.fence)",
+                        (h, fence),
+                    )
+            self._committed()
+            self._truncate_wal()
+        return removed
 
     def ack(self, row: int) -> None:
         """Forget a delivered item."""
@@ -275,8 +282,9 @@ class SQLiteOutbox(Closing):
             with self._transaction():
                 self._db.execute(
                     "INSERT INTO dead_letters"
-                    " (key, payload, attempts, error, created_at, failed_at)"
-                    " SELECT key, payload, ?, ?, created_at, ? FROM outbox WHERE id = ?",
+                    " (key, payload, attempts, error, created_at, failed_at, conversation)"
+                    " SELECT key, payload, ?, ?, created_at, ?, conversation"
+                    " FROM outbox WHERE id = ?",
                     (attempts, error, time.time(), row),
                 )
                 self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
@@ -324,8 +332,9 @@ class SQLiteOutbox(Closing):
             with self._transaction():
                 first = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()
                 self._db.execute(
-                    "INSERT INTO outbox (key, payload, attempts, created_at)"
-                    " SELECT key, payload, 0, created_at FROM dead_letters ORDER BY id"
+                    "INSERT INTO outbox (key, payload, attempts, created_at, conversation)"
+                    " SELECT key, payload, 0, created_at, conversation FROM dead_letters"
+                    " ORDER BY id"
                 )
                 self._db.execute("DELETE FROM dead_letters")
                 rows = self._db.execute(
@@ -344,72 +353,3 @@ class SQLiteOutbox(Closing):
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-
-    # -- checkpoints -------------------------------------------------------------------
-
-    def _committed(self) -> None:
-        """After each write commit (locked): wake the checkpoint thread, or open the valve."""
-        if self._checkpointer is None:
-            return
-        self._commits += 1
-        if self._commits - self._signalled_at >= self.checkpoint_every:
-            self._signalled_at = self._commits
-            self._wake.set()
-        pages = self._wal_pages + self._commits - self._reported_at  # >= 1 page per commit
-        if pages >= 2 * self.wal_limit and self._commits >= self._valve_after:
-            # The checkpoint thread is not keeping up (failing, or starved of the disk).
-            self._valve_after = self._commits + self.checkpoint_every  # should this fail
-            try:
-                self._checkpoint(self._db, "valve")
-            except sqlite3.Error as exc:  # the write itself is committed: do not fail it
-                logger.warning("outbox %r: checkpoint failed: %s", self.path, exc)
-
-    def _checkpoint(self, db: sqlite3.Connection, kind: str) -> None:
-        """One PASSIVE checkpoint with nothing of ours committing meanwhile (locked).
-
-        Copied whole, the WAL starts over from its first page at the next commit.
-        """
-        busy, wal, done = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        self._report(self._commits, wal, kind, whole=not busy and done == wal)
-
-    def _report(self, commits: int, wal: int, kind: str, *, whole: bool = False) -> None:
-        """Record a checkpoint that saw ``wal`` pages after ``commits`` commits (locked)."""
-        if commits >= self._reported_at:
-            self._reported_at, self._wal_pages = commits, 0 if whole else max(0, wal)
-        s = self._stats
-        self._stats = CheckpointStats(
-            background=s.background + (kind == "background"),
-            restarts=s.restarts + (kind == "restart"),
-            valve=s.valve + (kind == "valve"),
-            wal_pages=max(0, wal),
-        )
-
-    def _background_checkpoint(self, db: sqlite3.Connection) -> None:
-        """One round of the checkpoint thread."""
-        with self._lock:
-            commits = self._commits  # the checkpoint below sees at least these
-        (_, wal, _) = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        with self._lock:
-            self._report(commits, wal, "background")
-            if wal >= self.wal_limit:
-                # Commits kept landing during our checkpoints, so the WAL never started
-                # over. The pass above copied the bulk; copy the rest holding the lock (a
-                # commit arriving now waits for it), and the next commit starts it over.
-                self._checkpoint(db, "restart")
-
-
-def _checkpoint_loop(
-    ref: weakref.ref[SQLiteOutbox], wake: threading.Event, db: sqlite3.Connection
-) -> None:
-    """The checkpoint thread. It holds its outbox weakly: an outbox dropped unclosed ends it."""
-    while True:
-        wake.wait()
-        wake.clear()
-        outbox = ref()
-        if outbox is None or outbox._stopping:
-            return
-        try:
-            outbox._background_checkpoint(db)
-        except sqlite3.Error as exc:  # the valve bounds the WAL if this keeps failing
-            logger.warning("outbox %r: background checkpoint failed: %s", outbox.path, exc)
-        del outbox

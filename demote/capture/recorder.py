@@ -49,7 +49,7 @@ from typing import Self
 
 from demote._closing import Closing
 from demote.capture.base import CURRENT_KEY, RecorderBase, current_key
-from demote.capture.dispatch import Envelope, Wait, _Stop
+from demote.capture.dispatch import Wait
 from demote.capture.outbox import SQLiteOutbox
 from demote.records import Demotion
 
@@ -74,7 +74,7 @@ class Recorder(RecorderBase, Closing):
         self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
     ) -> None:
         super().__init__(sink, flush_timeout, outbox)
-        self._queue: queue.SimpleQueue[Envelope | _Stop] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[None] = queue.SimpleQueue()  # wake-ups
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Self:
@@ -111,8 +111,8 @@ class Recorder(RecorderBase, Closing):
         thread.join(self.flush_timeout)
         self._finish_close(timed_out=thread.is_alive())
 
-    def _push(self, message: Envelope | _Stop) -> None:
-        self._queue.put(message)
+    def _wake(self) -> None:
+        self._queue.put(None)
 
     def _ensure_started(self) -> None:
         if not self._started:
@@ -123,7 +123,7 @@ class Recorder(RecorderBase, Closing):
             while (step := self._step()) is not None:
                 if isinstance(step, Wait):
                     with contextlib.suppress(queue.Empty):
-                        self._receive(self._queue.get(timeout=step.timeout))
+                        self._queue.get(timeout=step.timeout)
                     continue
                 error: Exception | None = None
                 token = CURRENT_KEY.set(step.envelope.key)
@@ -161,7 +161,7 @@ class AsyncRecorder(RecorderBase):
         self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
     ) -> None:
         super().__init__(sink, flush_timeout, outbox)
-        self._queue: asyncio.Queue[Envelope | _Stop] = asyncio.Queue()
+        self._queue: asyncio.Queue[None] = asyncio.Queue()  # wake-ups
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncRecorder:
@@ -209,8 +209,8 @@ class AsyncRecorder(RecorderBase):
         else:
             self._finish_close(timed_out=False)
 
-    def _push(self, message: Envelope | _Stop) -> None:
-        self._queue.put_nowait(message)
+    def _wake(self) -> None:
+        self._queue.put_nowait(None)
 
     def _ensure_started(self) -> None:
         if not self._started:
@@ -220,7 +220,7 @@ class AsyncRecorder(RecorderBase):
         while (step := self._step()) is not None:
             if isinstance(step, Wait):
                 with contextlib.suppress(TimeoutError):
-                    self._receive(await asyncio.wait_for(self._queue.get(), step.timeout))
+                    await asyncio.wait_for(self._queue.get(), step.timeout)
                 continue
             error: Exception | None = None
             token = CURRENT_KEY.set(step.envelope.key)

@@ -39,6 +39,7 @@ imports mem0, and raises :class:`~demote.errors.MissingExtraError` if it is miss
 
 from demote.mem0.capture import Mem0Capture
 from demote.mem0.config import (
+    CONVERSATION_FIELD,
     KEY_FIELD,
     KEYS_FIELD,
     Namespace,
@@ -49,6 +50,7 @@ from demote.mem0.hook import Mem0Hook
 from demote.mem0.recall import Mem0Recall
 
 __all__ = [
+    "CONVERSATION_FIELD",
     "KEY_FIELD",
     "KEYS_FIELD",
     "Mem0Capture",

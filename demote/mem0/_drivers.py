@@ -20,12 +20,13 @@ import concurrent.futures
 import inspect
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Generator, Iterable, Mapping
+from collections.abc import Coroutine, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from demote.errors import ConfigError, DemoteError
+from demote.errors import ConfigError, DemoteError, HookError
 from demote.mem0.config import (
     _ENTITY_FIELDS,
+    CONVERSATION_FIELD,
     KEY_FIELD,
     KEYS_FIELD,
     Namespace,
@@ -35,6 +36,7 @@ from demote.mem0.config import (
 from demote.records import DemotedMessage
 
 _HOSTED_PAGE_SIZE = 100
+_ERASE_BATCH = 1000  # memories listed per round of an erase (open source)
 
 _T = TypeVar("_T")
 _Call = tuple[str, tuple[Any, ...], dict[str, Any]]
@@ -55,6 +57,10 @@ class _Mem0:
         self.memory = memory
         self.hosted = "options" in inspect.signature(add).parameters
         self.is_async = inspect.iscoroutinefunction(add)
+        # The default namespace is the conversation's own (its run_id): erase may delete
+        # all of it. A custom one may be shared (one user's conversations): erase deletes
+        # only the memories demote tagged with the conversation.
+        self.own_namespace = namespace is None
         self.namespace = namespace or conversation_namespace(user_id=user_id, agent_id=agent_id)
 
     def scope(self, conversation_id: str) -> dict[str, str]:
@@ -108,22 +114,65 @@ class _Mem0:
             for item in _results(result):
                 found |= _item_keys(item)
         elif not known.scanned(cid):
-            page = 1
-            while True:
-                result = yield (
-                    "get_all",
-                    (),
-                    {"filters": self.filters(scope), "page": page, "page_size": _HOSTED_PAGE_SIZE},
-                )
-                items = _results(result)
-                for item in items:
-                    found |= _item_keys(item)
-                if not items or not (isinstance(result, Mapping) and result.get("next")):
-                    break
-                page += 1
+            for item in (yield from self._scan(scope)):
+                found |= _item_keys(item)
             known.mark_scanned(cid)
         known.add(cid, found)
         return found
+
+    def _scan(self, scope: dict[str, str]) -> _Flow[list[dict[str, Any]]]:
+        """Every memory of ``scope`` on the hosted API (paged ``get_all``)."""
+        items: list[dict[str, Any]] = []
+        page = 1
+        while True:
+            result = yield (
+                "get_all",
+                (),
+                {"filters": self.filters(scope), "page": page, "page_size": _HOSTED_PAGE_SIZE},
+            )
+            found = _results(result)
+            items += found
+            if not found or not (isinstance(result, Mapping) and result.get("next")):
+                return items
+            page += 1
+
+    def erase(self, known: _KnownKeys, cid: str) -> _Flow[int]:
+        """Delete the conversation's memories, and ``known``'s keys of it; how many.
+
+        See :meth:`_Mem0Tier.erase` for which memories.
+
+        Memories are listed (``get_all`` on the namespace, expired ones included) and
+        deleted one by one (``delete``): mem0's ``delete_all`` does the same inside but
+        counts nothing, and the hosted one's filter semantics are not the AND that
+        ``get_all`` documents. In a custom namespace only memories whose metadata names
+        the conversation are deleted.
+        """
+        scope = self.scope(cid)
+        tag = None if self.own_namespace else cid
+        # Hosted: the older memories each one superseded go too (the v3 linked chain),
+        # unless the namespace is shared: they may be another conversation's.
+        kwargs = {"delete_linked": True} if self.hosted and tag is None else {}
+        removed = 0
+        seen: set[str] = set()
+        while True:  # hosted: one paged scan; open source: rounds of _ERASE_BATCH
+            if self.hosted:
+                items = yield from self._scan(scope)
+            else:
+                filters: dict[str, Any] = dict(scope)
+                if tag is not None:
+                    filters[CONVERSATION_FIELD] = tag
+                query = {"filters": filters, "top_k": _ERASE_BATCH, "show_expired": True}
+                items = _results((yield ("get_all", (), query)))
+            ids = [str(i["id"]) for i in items if "id" in i and _belongs(i, tag)]
+            if seen.intersection(ids):
+                raise HookError(f"mem0 still lists deleted memories of {cid!r}: {ids[:3]}")
+            seen.update(ids)
+            for memory_id in ids:
+                yield ("delete", (memory_id,), kwargs)
+                removed += 1
+            if self.hosted or not ids:
+                known.forget(cid)
+                return removed
 
     def run(self, flow: _Flow[_T], error: type[DemoteError]) -> _T:
         """Run ``flow`` to completion, blocking."""
@@ -182,6 +231,52 @@ def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
+class _Mem0Tier:
+    """``erase`` / ``aerase`` for a class holding ``_mem`` and ``_known`` (an erasable tier)."""
+
+    _mem: _Mem0
+    _known: _KnownKeys
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Delete the conversation's memories from mem0 (blocking).
+
+        With the default namespace that is every memory of its namespace (its ``run_id``
+        with the ``user_id`` / ``agent_id`` given here), whoever wrote it: demote, mem0's
+        extractor, or the application. With a custom ``namespace``, which may be shared
+        by several conversations, only the memories demote wrote for this one (metadata
+        ``demote_conversation``). Expired memories too.
+
+        mem0 keeps a change log of its own (the SQLite file at ``history_db_path``) that
+        records a deleted memory's text; its API has no way to delete one conversation's
+        entries from it.
+
+        Args:
+            conversation_id: The conversation.
+            fence: Unused: mem0 cannot refuse a late write by token.
+            keys: Unused: memories are found by namespace.
+
+        Returns:
+            How many memories were deleted (hosted: not counting the superseded versions
+            ``delete_linked`` removes with them).
+
+        Raises:
+            HookError: mem0 failed; memories deleted before the failure stay deleted.
+        """
+        return self._mem.run(self._mem.erase(self._known, conversation_id), HookError)
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """:meth:`erase` without blocking the event loop.
+
+        Raises:
+            HookError: mem0 failed; memories deleted before the failure stay deleted.
+        """
+        return await self._mem.arun(self._mem.erase(self._known, conversation_id), HookError)
+
+
 class _KnownKeys:
     """Keys known to be in mem0, per conversation, with LRU eviction (thread-safe)."""
 
@@ -226,6 +321,12 @@ class _KnownKeys:
             keys.add(key)
             return True
 
+    def forget(self, cid: str) -> None:
+        """Drop the conversation (it was erased: its keys are no longer in mem0)."""
+        with self._lock:
+            self._keys.pop(cid, None)
+            self._scanned.discard(cid)
+
     def scanned(self, cid: str) -> bool:
         with self._lock:
             return cid in self._scanned and cid in self._keys
@@ -242,6 +343,14 @@ def _results(result: Any) -> list[dict[str, Any]]:
     if not isinstance(items, list):
         return []
     return [item for item in items if isinstance(item, dict)]
+
+
+def _belongs(item: Mapping[str, Any], conversation: str | None) -> bool:
+    """Is ``item`` the conversation's (``None``: every memory of the namespace is)?"""
+    if conversation is None:
+        return True
+    meta = item.get("metadata") or {}
+    return isinstance(meta, Mapping) and meta.get(CONVERSATION_FIELD) == conversation
 
 
 def _item_keys(item: Mapping[str, Any]) -> set[str]:

@@ -9,11 +9,11 @@ from demote._closing import Closing
 from demote.capture.dispatch import RecorderStats
 from demote.capture.recorder import Recorder
 from demote.errors import HookError
-from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0
-from demote.mem0.config import KEY_FIELD, Namespace
+from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
+from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, Namespace
 from demote.records import CapturedTurn, DemotedMessage
 
-__all__ = ["Mem0Capture"]
+__all__ = ["AsyncMem0Writer", "Mem0Capture", "Mem0Writer"]
 
 
 class Mem0Capture(Closing):
@@ -35,6 +35,11 @@ class Mem0Capture(Closing):
         recorder: Builds the Recorder from the sink, e.g.
             ``lambda sink: Recorder(sink, outbox=SQLiteOutbox("capture.db"))``; default
             ``Recorder``. It is started here and closed by :meth:`close`.
+
+    Erase: its part is the Recorder (:meth:`parts`), whose part is the :class:`Mem0Writer`
+    (or :class:`AsyncMem0Writer`) that calls mem0, so :func:`demote.erase.tiers` finds two
+    tiers: the Recorder drops the conversation's queued turns, then the writer deletes its
+    memories.
     """
 
     def __init__(
@@ -55,13 +60,18 @@ class Mem0Capture(Closing):
         self._metadata = dict(metadata or {})
         self._known = _KnownKeys(4096)
         # An async memory gets an async sink: the Recorder runs it on its worker's own loop.
-        self._recorder = recorder(self.awrite if self._mem.is_async else self.write)
+        writer = AsyncMem0Writer(self) if self._mem.is_async else Mem0Writer(self)
+        self._recorder = recorder(writer)
         self._recorder.start()
 
     @property
     def stats(self) -> RecorderStats:
         """The Recorder's counters."""
         return self._recorder.stats
+
+    def parts(self) -> tuple[Recorder]:
+        """The Recorder, a tier whose own part is the writer (see :mod:`demote.erase`)."""
+        return (self._recorder,)
 
     def capture(self, turn: CapturedTurn) -> None:
         """Queue ``turn`` for mem0; returns at once. Non-user and blank turns are ignored."""
@@ -96,7 +106,7 @@ class Mem0Capture(Closing):
             return
         meta = {
             **self._metadata,
-            "demote_conversation": cid,
+            CONVERSATION_FIELD: cid,
             KEY_FIELD: turn.key,
             "demote_index": turn.index,
         }
@@ -106,3 +116,30 @@ class Mem0Capture(Closing):
     def close(self) -> None:
         """Drain the queue (up to the Recorder's ``flush_timeout``) and stop the worker."""
         self._recorder.close()
+
+
+class _Writer(_Mem0Tier):
+    def __init__(self, capture: Mem0Capture) -> None:
+        self._capture = capture
+        self._mem = capture._mem
+        self._known = capture._known
+
+
+class Mem0Writer(_Writer):
+    """The sink of a :class:`Mem0Capture`'s Recorder (sync memory): writes, erases.
+
+    ``erase`` / ``aerase`` delete the conversation's memories as :meth:`Mem0Hook.erase
+    <demote.mem0.Mem0Hook.erase>` does, and forget the capture's keys of it.
+    """
+
+    def deliver(self, turn: CapturedTurn) -> None:
+        """Write ``turn`` (:meth:`Mem0Capture.write`)."""
+        self._capture.write(turn)
+
+
+class AsyncMem0Writer(_Writer):
+    """:class:`Mem0Writer` for an async memory: the Recorder awaits it on its own loop."""
+
+    async def adeliver(self, turn: CapturedTurn) -> None:
+        """Write ``turn`` (:meth:`Mem0Capture.awrite`)."""
+        await self._capture.awrite(turn)

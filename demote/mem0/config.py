@@ -15,6 +15,7 @@ from typing import Any
 from demote.errors import ConfigError, ConversationIdError, MissingExtraError
 
 __all__ = [
+    "CONVERSATION_FIELD",
     "KEY_FIELD",
     "KEYS_FIELD",
     "Namespace",
@@ -29,6 +30,8 @@ KEY_FIELD = "demote_key"
 """Metadata field holding a verbatim memory's dedup key (``DemotedMessage.key``)."""
 KEYS_FIELD = "demote_keys"
 """Metadata field holding the keys of a batch sent to mem0's extractor (``infer=True``)."""
+CONVERSATION_FIELD = "demote_conversation"
+"""Metadata field holding the conversation id of every memory demote writes."""
 
 _ENTITY_FIELDS = ("user_id", "agent_id", "run_id")
 _SAFE_ID = re.compile(r"\S{1,128}")

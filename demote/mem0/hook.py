@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from demote.errors import HookError
-from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0
-from demote.mem0.config import KEY_FIELD, KEYS_FIELD, Namespace
+from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
+from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, KEYS_FIELD, Namespace
 from demote.records import DemotedMessage, Demotion
 
 __all__ = ["Mem0Hook"]
 
 
-class Mem0Hook:
+class Mem0Hook(_Mem0Tier):
     """A demotion hook that writes demoted messages into mem0.
 
     Args:
@@ -31,6 +31,8 @@ class Mem0Hook:
 
     System messages and messages without text (tool-call-only turns) are skipped: mem0
     ignores the former and the latter carry nothing to recall.
+
+    :meth:`demote.Demoter.erase` erases it as a tier (see :meth:`erase`).
     """
 
     def __init__(
@@ -96,7 +98,7 @@ class Mem0Hook:
     ) -> dict[str, Any]:
         return {
             **self._metadata,
-            "demote_conversation": cid,
+            CONVERSATION_FIELD: cid,
             "demote_index": messages[0].index,
             **own,
         }
