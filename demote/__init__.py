@@ -12,6 +12,7 @@ from importlib.metadata import version as _version
 from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
 from demote.engine import Demoter, Window
 from demote.errors import (
+    ArgumentTypeError,
     ConfigError,
     ConversationIdError,
     DemoteError,
@@ -55,6 +56,7 @@ from demote.state import (
 from demote.summarize import ModelSummarizer, TemplateSummarizer
 
 __all__ = [
+    "ArgumentTypeError",
     "AsyncRecorder",
     "AsyncStateStore",
     "Backoff",
