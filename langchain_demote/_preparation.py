@@ -58,14 +58,19 @@ class Search:
     conversation_id: str
     query: str
     k: int
+    budget_tokens: int | None = None
+
+    def _kwargs(self) -> dict[str, int]:
+        # Only when asked: a custom recall may not know the option.
+        return {} if self.budget_tokens is None else {"budget_tokens": self.budget_tokens}
 
     def run_sync(self) -> list[Recalled]:
-        return list(self.recall.search(self.conversation_id, self.query, self.k))
+        return list(self.recall.search(self.conversation_id, self.query, self.k, **self._kwargs()))
 
     async def run_async(self) -> list[Recalled]:
         asearch = getattr(self.recall, "asearch", None)
         if asearch is not None:
-            return list(await asearch(self.conversation_id, self.query, self.k))
+            return list(await asearch(self.conversation_id, self.query, self.k, **self._kwargs()))
         return await asyncio.to_thread(self.run_sync)
 
 

@@ -19,6 +19,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict
 
+from demote._validate import count
 from demote.engine import Demoter
 from demote.errors import ConfigError
 from demote.events import DemoteEvent
@@ -110,6 +111,7 @@ class ArchiveRetriever(BaseRetriever):
         archive: Anything with ``search(conversation_id, query, k) -> list[Recalled]``.
         conversation_id: The conversation to search.
         k: How many messages to return at most.
+        budget_tokens: At most this many tokens of text in all (``None``: no bound).
         demoter: The :class:`~demote.Demoter` whose observers hear of each recall.
     """
 
@@ -118,13 +120,15 @@ class ArchiveRetriever(BaseRetriever):
     archive: Any
     conversation_id: str
     k: int = 5
+    budget_tokens: int | None = None
     demoter: Demoter | None = None
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
         began = time.perf_counter()
-        hits: list[Recalled] = self.archive.search(self.conversation_id, query, self.k)
+        options = {} if self.budget_tokens is None else {"budget_tokens": self.budget_tokens}
+        hits: list[Recalled] = self.archive.search(self.conversation_id, query, self.k, **options)
         event = DemoteEvent.recalled(self.conversation_id, hits, time.perf_counter() - began)
         dispatch_events((event,), config={"callbacks": run_manager.get_child()})
         if self.demoter is not None:
@@ -145,7 +149,12 @@ class ArchiveRetriever(BaseRetriever):
 
 
 def archive_retriever(
-    archive: Recall, conversation_id: str, k: int = 5, *, demoter: Demoter | None = None
+    archive: Recall,
+    conversation_id: str,
+    k: int = 5,
+    *,
+    budget_tokens: int | None = None,
+    demoter: Demoter | None = None,
 ) -> ArchiveRetriever:
     """A LangChain retriever over the long tail of one conversation.
 
@@ -159,6 +168,8 @@ def archive_retriever(
             :class:`~demote.hooks.archive.SQLiteArchive`.
         conversation_id: The conversation to search.
         k: How many messages to return at most (>= 1).
+        budget_tokens: At most this many tokens of recalled text in all, best hits
+            first (counted by the archive; ``None``: only ``k`` bounds it).
         demoter: Report each recall to this Demoter's observers too (it is always
             reported in the retriever's run as a ``"demote.recalled"`` custom event).
 
@@ -175,6 +186,10 @@ def archive_retriever(
         raise ConfigError(f"archive: {archive!r} has no search() method")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"k: must be an int >= 1, got {k!r}")
+    if budget_tokens is not None:
+        budget_tokens = count("budget_tokens", budget_tokens)
     if demoter is not None and not isinstance(demoter, Demoter):
         raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-    return ArchiveRetriever(archive=archive, conversation_id=cid, k=k, demoter=demoter)
+    return ArchiveRetriever(
+        archive=archive, conversation_id=cid, k=k, budget_tokens=budget_tokens, demoter=demoter
+    )

@@ -97,6 +97,7 @@ from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from demote._flow import drive_async, drive_sync
+from demote._validate import count
 from demote.engine import Demoter, Window
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent
@@ -233,6 +234,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             ``SQLiteArchive``); its hits for the newest human message are sent as one
             system message right before it. A failing search is logged and skipped.
         recall_k: How many recalled messages to send at most.
+        recall_budget_tokens: At most this many tokens of recalled text (counted by the
+            recall, e.g. the archive's counter), best hits first; ``None``: only
+            ``recall_k`` bounds it.
         conversation_id: Names the conversation from the model node's runtime. By
             default: the LangGraph thread id, or without one
             :func:`first_message_conversation_id` (see the module docstring). Two agents
@@ -258,6 +262,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         *,
         recall: Recall | None = None,
         recall_k: int = 4,
+        recall_budget_tokens: int | None = None,
         conversation_id: Callable[[Runtime[Any]], str] | None = None,
         prune_state: bool = False,
         recall_role: Literal["system", "human"] = "system",
@@ -272,6 +277,11 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         self.demoter = demoter
         self.recall = recall
         self.recall_k = recall_k
+        self.recall_budget_tokens = (
+            None
+            if recall_budget_tokens is None
+            else count("recall_budget_tokens", recall_budget_tokens)
+        )
         if conversation_id is not None and not callable(conversation_id):
             raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
         self.conversation_id = conversation_id
@@ -349,7 +359,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             if at is not None and query.strip():
                 began = time.perf_counter()
                 try:
-                    hits: list[Recalled] = yield Search(self.recall, cid, query, self.recall_k)
+                    hits: list[Recalled] = yield Search(
+                        self.recall, cid, query, self.recall_k, self.recall_budget_tokens
+                    )
                 except Exception as exc:
                     logger.warning("demote: recall failed for conversation %r: %r", cid, exc)
                 else:

@@ -84,6 +84,12 @@ class Parts:
     recall: Recall | None
     recall_k: int
     capture: Capture | None
+    recall_budget_tokens: int | None = None
+
+    def search_options(self) -> dict[str, int]:
+        """Keyword arguments of a recall search (only what was asked for)."""
+        budget = self.recall_budget_tokens
+        return {} if budget is None else {"budget_tokens": budget}
 
     def recall_query(
         self, window: Window[ChatMessage], input: str | None

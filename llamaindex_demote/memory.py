@@ -39,6 +39,7 @@ from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreM
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote._checks import check_message, check_messages
+from demote._validate import count
 from demote.engine import Demoter, Window
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
@@ -112,6 +113,7 @@ class DemotingMemory(BaseChatStoreMemory):
         recall: Recall | None = None,
         recall_k: int = 5,
         capture: Capture | None = None,
+        recall_budget_tokens: int | None = None,
     ) -> None:
         validate_conversation_id(chat_store_key)
         if not isinstance(demoter, Demoter):
@@ -126,7 +128,9 @@ class DemotingMemory(BaseChatStoreMemory):
             raise ConfigError(f"chat_store: expected a BaseChatStore, got {chat_store!r:.80}")
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
         describe = functools.partial(to_core, describe=demoter.describe)
-        self._parts = Parts(demoter, describe, recall, recall_k, capture)
+        if recall_budget_tokens is not None:
+            recall_budget_tokens = count("recall_budget_tokens", recall_budget_tokens)
+        self._parts = Parts(demoter, describe, recall, recall_k, capture, recall_budget_tokens)
 
     @classmethod
     def class_name(cls) -> str:
@@ -149,6 +153,7 @@ class DemotingMemory(BaseChatStoreMemory):
         recall: Recall | None = None,
         recall_k: int = 5,
         capture: Capture | None = None,
+        recall_budget_tokens: int | None = None,
         session_id: str | None = None,
         **kwargs: Any,
     ) -> DemotingMemory:
@@ -174,6 +179,9 @@ class DemotingMemory(BaseChatStoreMemory):
             recall_k: How many recalled messages ``get`` adds at most.
             capture: Receives each new user message as a
                 :class:`~demote.records.CapturedTurn` (e.g. ``Mem0Capture``).
+            recall_budget_tokens: At most this many tokens of recalled text (counted by
+                the recall, e.g. the archive's counter), best hits first; ``None``: only
+                ``recall_k`` bounds it.
             session_id: The name LlamaIndex's ``Memory`` gives the conversation id: the
                 same as ``chat_store_key`` (give one, or both equal).
             **kwargs: Rejected: an unknown option raises :class:`~demote.errors.ConfigError`.
@@ -203,6 +211,7 @@ class DemotingMemory(BaseChatStoreMemory):
             recall=recall,
             recall_k=recall_k,
             capture=capture,
+            recall_budget_tokens=recall_budget_tokens,
         )
         if chat_history is not None:
             memory.set(chat_history)
@@ -366,7 +375,9 @@ class DemotingMemory(BaseChatStoreMemory):
             return assemble(window)
         recall, query, at = ask
         began = time.perf_counter()
-        hits = recall.search(self.chat_store_key, query, self._fetch_k(parts))
+        hits = recall.search(
+            self.chat_store_key, query, self._fetch_k(parts), **parts.search_options()
+        )
         return parts.recalled(window, hits, at, time.perf_counter() - began)
 
     @dispatcher.span
@@ -380,10 +391,12 @@ class DemotingMemory(BaseChatStoreMemory):
         cid, k = self.chat_store_key, self._fetch_k(parts)
         began = time.perf_counter()
         asearch = getattr(recall, "asearch", None)
+        options = parts.search_options()
         if asearch is not None:
-            hits = await asearch(cid, query, k)
+            hits = await asearch(cid, query, k, **options)
         else:
-            hits = await asyncio.to_thread(recall.search, cid, query, k)
+            search = functools.partial(recall.search, cid, query, k, **options)
+            hits = await asyncio.to_thread(search)
         return parts.recalled(window, hits, at, time.perf_counter() - began)
 
     def get_all(self) -> list[ChatMessage]:

@@ -103,6 +103,7 @@ def dump(memory: DemotingMemory, *, store_as_json: bool = True) -> dict[str, Any
         "demoter": _named(parts.demoter, "demoter"),
         "recall": recall,
         "recall_k": parts.recall_k,
+        "recall_budget_tokens": parts.recall_budget_tokens,
         "capture": None if parts.capture is None else _named(parts.capture, "capture"),
     }
 
@@ -140,6 +141,7 @@ def load(data: dict[str, Any], **overrides: Any) -> dict[str, Any]:
         "chat_store": _store_from_json(given.pop("chat_store", data.get("chat_store"))),
         "chat_store_key": data.get("chat_store_key"),
         "recall_k": data.get("recall_k", 5),
+        "recall_budget_tokens": data.get("recall_budget_tokens"),
     }
     kwargs.update(given)
     return kwargs
