@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
 )
 
+from demote._validate import MAX_COUNT
 from demote.errors import ConfigError
 from demote.tokens import counter_name, resolve_counter
 
@@ -88,7 +89,7 @@ class Bulk(_Model):
     """
 
     kind: Literal["bulk"] = "bulk"
-    overflow: Annotated[int, Field(ge=0, strict=True)]
+    overflow: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
 
 
 class Compact(_Model):
@@ -102,7 +103,7 @@ class Compact(_Model):
     """
 
     kind: Literal["compact"] = "compact"
-    compact_count: Annotated[int, Field(ge=1, strict=True)]
+    compact_count: Annotated[int, Field(ge=1, le=MAX_COUNT, strict=True)]
 
 
 Eviction = Annotated[PerItem | Bulk | Compact, Field(discriminator="kind")]
@@ -126,7 +127,7 @@ class SlidingWindow(_Model):
     """
 
     unit: Unit
-    limit: Annotated[int, Field(gt=0, strict=True)]
+    limit: Annotated[int, Field(gt=0, le=MAX_COUNT, strict=True)]
     eviction: Eviction = Field(default_factory=PerItem)
     pin_system: bool = True
     counter: str | Callable[[str], int] = "approx"

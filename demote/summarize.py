@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from demote._validate import count
 from demote.errors import ConfigError
 from demote.records import MessageRecord
 from demote.tokens import approximate_tokens
@@ -63,8 +64,7 @@ def truncate_to_tokens(
     Keeps the end of the text when it must cut: a running summary ends with the newest
     facts, which matter most.
     """
-    if max_tokens <= 0:
-        raise ConfigError(f"max_summary_tokens: must be > 0, got {max_tokens}")
+    max_tokens = count("max_summary_tokens", max_tokens)
     if counter(text) <= max_tokens:
         return text
     lo, hi = 0, len(text)  # find the longest suffix that fits
@@ -137,8 +137,7 @@ class ModelSummarizer:
         max_summary_tokens: int = 512,
         counter: Callable[[str], int] = approximate_tokens,
     ) -> None:
-        if max_summary_tokens <= 0:
-            raise ConfigError(f"max_summary_tokens: must be > 0, got {max_summary_tokens}")
+        max_summary_tokens = count("max_summary_tokens", max_summary_tokens)
         self.prompt = prompt
         self.max_summary_tokens = max_summary_tokens
         self.counter = counter
@@ -174,10 +173,8 @@ class TemplateSummarizer:
     """
 
     def __init__(self, *, max_summary_tokens: int = 512, line_chars: int = 160) -> None:
-        if max_summary_tokens <= 0:
-            raise ConfigError(f"max_summary_tokens: must be > 0, got {max_summary_tokens}")
-        if line_chars <= 0:
-            raise ConfigError(f"line_chars: must be > 0, got {line_chars}")
+        max_summary_tokens = count("max_summary_tokens", max_summary_tokens)
+        line_chars = count("line_chars", line_chars)
         self.max_summary_tokens = max_summary_tokens
         self.line_chars = line_chars
 

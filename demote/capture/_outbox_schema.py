@@ -32,6 +32,9 @@ from demote.errors import StoreError
 
 logger = logging.getLogger("demote.capture")
 
+#: The tables an outbox file may hold (another table means another program's file).
+OWN_TABLES = ("outbox", "dead_letters", "erased")
+
 TABLES = """
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,

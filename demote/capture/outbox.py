@@ -67,6 +67,7 @@ from os import PathLike
 from typing import Any, Literal
 
 from demote._closing import Closing
+from demote._sqlite_kind import OUTBOX, check_kind, claim_kind
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
 from demote.capture.codec import decode
@@ -167,7 +168,10 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
+            claimed = check_kind(self._db, self.path, OUTBOX, schema.OWN_TABLES)
             schema.create(self._db)
+            if not claimed:
+                claim_kind(self._db, OUTBOX)
             if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
                 self._start_checkpoints(synchronous)
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from demote._closing import Closing
 from demote.records import ConversationState
-from demote.state.base import Lease
+from demote.state.base import Lease, check_states
 
 __all__ = ["Op", "OpStore"]
 
@@ -92,6 +92,7 @@ class OpStore(Closing):
         unexpired, by its holder and token, all in one atomic step; ``release=True``
         gives the lease back in that step, stored or not. Returns whether it stored.
         """
+        check_states(expected, new)
         return self._run(self._cas_op(conversation_id, expected, new, lease, release))
 
     def clear(self, conversation_id: str) -> ConversationState:
@@ -140,6 +141,7 @@ class OpStore(Closing):
         release: bool = False,
     ) -> bool:
         """Async :meth:`compare_and_set`."""
+        check_states(expected, new)
         return await self._arun(self._cas_op(conversation_id, expected, new, lease, release))
 
     async def aclear(self, conversation_id: str) -> ConversationState:

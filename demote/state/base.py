@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from demote.errors import ConversationIdError
+from demote.errors import ArgumentTypeError, ConversationIdError
 from demote.records import ConversationState
 
 __all__ = [
@@ -183,6 +183,16 @@ class AsyncStateStore(Protocol):
 
     async def arelease_lease(self, lease: Lease) -> None:
         """Async :meth:`LeasingStateStore.release_lease`."""
+
+
+def check_states(expected: object, new: object) -> None:
+    """Raise :class:`~demote.errors.ArgumentTypeError` unless both are states (or ``None``)."""
+    if expected is not None and not isinstance(expected, ConversationState):
+        raise ArgumentTypeError(
+            f"expected state: must be a ConversationState or None, got {expected!r:.80}"
+        )
+    if not isinstance(new, ConversationState):
+        raise ArgumentTypeError(f"new state: must be a ConversationState, got {new!r:.80}")
 
 
 def tombstone(current: ConversationState | None) -> ConversationState:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from demote.records import ConversationState
-from demote.state.base import Lease, tombstone
+from demote.state.base import Lease, check_states, tombstone
 
 __all__ = ["InMemoryStateStore"]
 
@@ -74,6 +74,7 @@ class InMemoryStateStore:
         release: bool = False,
     ) -> bool:
         """Store ``new`` if the current state equals ``expected`` (and ``lease`` holds)."""
+        check_states(expected, new)
         with self._lock:
             ok = self._states.get(conversation_id) == expected and (
                 lease is None or self._holds(lease, conversation_id)

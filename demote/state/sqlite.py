@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import astuple
 from typing import TypeVar
 
+from demote._sqlite_kind import check_kind
+from demote._validate import seconds
 from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
@@ -39,6 +41,8 @@ __all__ = ["SQLiteStateStore"]
 
 T = TypeVar("T")
 _WRITE = "BEGIN IMMEDIATE"
+
+_OWN_TABLES = ("demote_state", "demote_lease", "demote_fence")
 
 #: ``PRAGMA application_id``: "demo" in ASCII.
 APPLICATION_ID = 0x64656D6F
@@ -113,6 +117,7 @@ class SQLiteStateStore(OpStore):
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        timeout = seconds("timeout", timeout, zero=True)
         self.path = os.fspath(path)
         self._clock = clock
         self._lock = threading.RLock()
@@ -140,11 +145,8 @@ class SQLiteStateStore(OpStore):
             return
         self._db.execute("BEGIN IMMEDIATE")  # re-read under the lock: another process may win
         try:
-            app, version = self._versions()
-            if app not in (0, APPLICATION_ID):
-                raise StoreError(
-                    f"{self.path!r} is not a demote state store (application_id {app:#x})"
-                )
+            _, version = self._versions()
+            check_kind(self._db, self.path, APPLICATION_ID, _OWN_TABLES)
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path!r} has state store schema {version}, newer than this "
