@@ -39,6 +39,7 @@ from typing import Any
 
 from demote import ConversationState, Demoter, Demotion, SlidingWindow
 from demote.records import MessageRecord, fingerprint, make_key
+from tests.support.lease_worker import open_store
 
 #: The first messages of a history differ between epochs, the rest are the same words in
 #: every epoch: a new history can then match a cleared one at its old window start, the
@@ -100,14 +101,20 @@ class Sink:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
 
     def db(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA busy_timeout=30000")
             self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
         return conn
 
     def create(self) -> None:
@@ -180,10 +187,12 @@ class Sink:
         return self.db().execute(sql, args).fetchall()
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        """Close every thread's connection (the sink is not used after this)."""
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
             conn.close()
-            self._local.conn = None
+        self._local = threading.local()
 
 
 @dataclass
@@ -233,21 +242,6 @@ class Config:
     renew: bool = True
     lease_ttl: float = 1.0
     window: int = 2
-
-
-def open_store(kind: str, target: str, namespace: str) -> Any:
-    """The shared state store, opened as every worker opens it."""
-    if kind == "sqlite":
-        from demote.state import SQLiteStateStore
-
-        return SQLiteStateStore(target)
-    if kind == "redis":
-        from demote.state import RedisStateStore
-
-        return RedisStateStore(target, prefix=namespace)
-    from demote.state import PostgresStateStore
-
-    return PostgresStateStore(target, table=namespace)
 
 
 def wait_for(path: Path, limit: float = MAX_WAIT) -> None:

@@ -24,7 +24,8 @@ import pytest
 
 from demote import ConversationState
 from tests.demote.state.conftest import DURABLE, drop_pg_tables
-from tests.support.engine_worker import Config, Sink, Worker, key, open_store
+from tests.support.engine_worker import Config, Sink, Worker, key
+from tests.support.lease_worker import open_store
 
 ROOT = Path(__file__).resolve().parents[3]
 #: Lease TTL of the workers: long enough that a renewal is never late on a busy 2-core
@@ -32,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[3]
 TTL = 1.0
 #: Longest a test waits for any one thing (a marker, a worker's exit).
 PATIENCE = 60.0
+
+
+def mode(n: int) -> str:
+    """Workers alternate: ``load`` (even), ``aload`` with a native async hook (odd)."""
+    return ("sync", "async")[n % 2]
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,27 @@ class Fleet:
             )
         self.procs[name] = proc
         return proc
+
+    def take_turns(
+        self,
+        cids: list[str],
+        *,
+        workers: int = 4,
+        only: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> list[str]:
+        """Start ``workers`` workers, sync and async in turn, each appending a turn and
+        loading ``cids`` in turn (from its own first), and let them go at once.
+
+        ``only`` gives one worker (``w<n>``) fields of its own. Returns their names.
+        """
+        names = [f"w{n}" for n in range(workers)]
+        for n, name in enumerate(names):
+            mine = {**fields, **(only or {}).get(name, {})}
+            k = n % len(cids)
+            self.start(name, mode=mode(n), cids=cids[k:] + cids[:k], append=2, go="go", **mine)
+        self.go(names)
+        return names
 
     def run_here(self, name: str, **fields: Any) -> None:
         """Run a worker in this process (the final load: no concurrency left)."""

@@ -42,13 +42,7 @@ def test_a_reset_during_another_workers_delivery_commits_nothing_stale_and_loses
     assert old == [(18,)], "the write begun before the reset stands"
     assert fleet.state("d") == reset, "nothing stale committed"
 
-    names = [f"w{n}" for n in range(WORKERS)]
-    for n, name in enumerate(names):
-        fleet.start(
-            name, mode=("sync", "async")[n % 2], cids=["d"], rounds=12, gap=0.02,
-            append=2, delay=0.02, go="go",
-        )  # fmt: skip
-    fleet.go(names)
+    names = fleet.take_turns(["d"], workers=WORKERS, rounds=12, gap=0.02, delay=0.02)
     fleet.finish(*names)
     state = fleet.state("d")
     assert state is not None and state.generation == (1 if how == "clear" else 0)

@@ -14,35 +14,19 @@ import time
 
 import pytest
 
-from tests.demote.fleet.conftest import TTL, Fleet
+from tests.demote.fleet.conftest import TTL, Fleet, mode
 
 pytestmark = pytest.mark.slow
 
 WORKERS = 4
 
 
-def modes(n: int) -> str:
-    return ("sync", "async")[n % 2]
-
-
 def run_slow_hooks(fleet: Fleet, *, renew: bool) -> list[str]:
     """Four workers take turns on two conversations; every hook call takes 2.2 x TTL."""
     cids = ["s0", "s1"]
-    names = [f"w{n}" for n in range(WORKERS)]
-    for n, name in enumerate(names):
-        fleet.start(
-            name,
-            mode=modes(n),
-            cids=cids[n % 2 :] + cids[: n % 2],
-            rounds=200,
-            duration=5.0,
-            gap=0.1,
-            append=2,
-            delay=2.2 * TTL,
-            renew=renew,
-            go="go",
-        )
-    fleet.go(names)
+    names = fleet.take_turns(
+        cids, workers=WORKERS, rounds=200, duration=5.0, gap=0.1, delay=2.2 * TTL, renew=renew
+    )
     fleet.finish(*names)
     return cids
 
@@ -90,7 +74,7 @@ def test_a_paused_worker_loses_its_lease_and_its_late_commit_and_write_are_refus
     for n, name in enumerate(takers):
         fleet.start(
             name,
-            mode=modes(n),
+            mode=mode(n),
             cids=["p"],
             check_fence=True,
             hold={"cid": "p", "nth": 1, "when": "after"},
@@ -128,22 +112,16 @@ def test_kill_9_inside_the_hook_another_worker_takes_over_and_nothing_is_lost(
     fleet: Fleet,
 ) -> None:
     cids = ["k0", "k1"]
-    names = [f"w{n}" for n in range(WORKERS)]
-    for n, name in enumerate(names):
-        fleet.start(
-            name,
-            mode=modes(n),
-            cids=cids[n % 2 :] + cids[: n % 2],
-            rounds=300,
-            duration=30.0,
-            gap=0.05,
-            append=2,
-            delay=0.02,
-            hold={"cid": None, "nth": 2} if name == "w1" else None,  # an async worker
-            go="go",
-            stop="stop",
-        )
-    fleet.go(names)
+    names = fleet.take_turns(
+        cids,
+        workers=WORKERS,
+        only={"w1": {"hold": {"cid": None, "nth": 2}}},  # an async worker
+        rounds=300,
+        duration=30.0,
+        gap=0.05,
+        delay=0.02,
+        stop="stop",
+    )
     _, held = fleet.entered(["w1"])
     fleet.signal("w1", signal.SIGKILL)
     killed = time.time()
