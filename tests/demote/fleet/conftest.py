@@ -24,7 +24,8 @@ import pytest
 
 from demote import ConversationState
 from tests.demote.state.conftest import DURABLE, drop_pg_tables
-from tests.support.engine_worker import Config, Sink, Worker, key
+from tests.support.engine_worker import Config, Worker
+from tests.support.fleet_sink import Sink, key
 from tests.support.lease_worker import open_store
 
 ROOT = Path(__file__).resolve().parents[3]
