@@ -7,7 +7,9 @@ Usage::
     python -m bench --sections 2 3       # some sections, by number or name
     python -m bench --out /tmp/results   # write the JSON and PNG files elsewhere
 
-Each section writes ``<out>/<section>.json`` and ``<out>/<section>.png``.
+Each section writes ``<out>/<section>.json`` and ``<out>/<section>.png``. Section 5 (the
+fleet) runs on Redis and Postgres too when ``DEMOTE_BENCH_REDIS_URL`` /
+``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ for _name, _value in (
 ):
     os.environ.setdefault(_name, _value)
 
-from bench import cache_cost, capture_scale, recall_locomo, turn_cost  # noqa: E402
+from bench import cache_cost, capture_scale, fleet, recall_locomo, turn_cost  # noqa: E402
 from bench.common import RESULTS  # noqa: E402
 
-SECTIONS = {"1": "turn_cost", "2": "cache_cost", "3": "recall", "4": "capture"}
+SECTIONS = {"1": "turn_cost", "2": "cache_cost", "3": "recall", "4": "capture", "5": "fleet"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     capture_scale.run(quick=args.quick, out=args.out, quiet=args.quiet)
                 )
             )
+        elif name == "fleet":
+            print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         else:
             print(
                 recall_locomo.report(

@@ -8,8 +8,9 @@ itself:
   ``INSERT ... ON CONFLICT DO NOTHING`` when nothing is expected), fenced by an
   ``EXISTS`` that locks the lease row ``FOR UPDATE`` while checking holder, token and
   expiry; the release is a ``DELETE`` in the same statement, run after the comparison;
-- acquire is an upsert of the lease that only replaces an expired one, taking its token
-  from a sequence, joined to the state;
+- acquire is an upsert of the lease that only replaces an expired one (and grants
+  nothing if the statement's snapshot shows the lease held, so the state it joins is
+  never older than the previous holder's commit), taking its token from a sequence;
 - clear revokes the lease and upserts the tombstone (generation + 1) in one statement.
 
 Locks are always taken lease row first, then state row, so two operations on one
@@ -64,10 +65,17 @@ class Sql:
             f"DELETE FROM {lease} WHERE conversation_id = %(id)s "
             "AND holder = %(holder)s AND token = %(token)s"
         )
+        # The state is read with the statement's snapshot. A lease that snapshot shows
+        # held may be in the middle of its holder's commit (which releases it): the
+        # insert would wait for that commit and succeed, but the state joined below
+        # would be the one from before it. So a lease held in the snapshot is never
+        # granted (None: busy, try later), and a grant always comes with fresh state.
         self.acquire = (
             f"WITH l AS (INSERT INTO {lease} AS l (conversation_id, holder, token, expires) "
-            f"VALUES (%(id)s, %(holder)s, nextval('{t}_fence'), "
-            "now() + make_interval(secs => %(ttl)s)) "
+            f"SELECT %(id)s, %(holder)s, nextval('{t}_fence'), "
+            "now() + make_interval(secs => %(ttl)s) "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {lease} WHERE conversation_id = %(id)s "
+            "AND expires > now()) "
             "ON CONFLICT (conversation_id) DO UPDATE SET holder = EXCLUDED.holder, "
             "token = EXCLUDED.token, expires = EXCLUDED.expires WHERE l.expires <= now() "
             f"RETURNING token) SELECT l.token, {_S_COLS} "

@@ -30,6 +30,7 @@ def test_quick_bench_writes_every_section(
     assert "## 1. Per-turn overhead" in printed
     assert "## 2. Prompt-cache cost" in printed
     assert "## 4. Capture and scale" in printed
+    assert "## 5. Fleet" in printed
     assert "Timing:" in printed
 
     turn = json.loads((tmp_path / "turn_cost.json").read_text())
@@ -55,11 +56,29 @@ def test_quick_bench_writes_every_section(
     assert capture["memory"]["store_bytes_per_conversation"] > 0
     assert capture["sqlite"]["loads_per_second"]["1"] > 0
 
-    for section in ("turn_cost", "cache_cost", "capture"):
+    for section in ("turn_cost", "cache_cost", "capture", "fleet"):
         assert (tmp_path / f"{section}.png").read_bytes()[:4] == b"\x89PNG"
     if (tmp_path / "recall.json").exists():
         recall = json.loads((tmp_path / "recall.json").read_text())
         assert recall["setups"]
+
+
+def test_quick_fleet_section_counts_round_trips_and_finds_no_duplicates_or_losses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Needs no LoCoMo data; runs on Redis and Postgres too when their test URLs are set.
+    main(["--quick", "--quiet", "--sections", "5", "--out", str(tmp_path)])
+    assert "## 5. Fleet" in capsys.readouterr().out
+    fleet = json.loads((tmp_path / "fleet.json").read_text())
+    rows = {r["store"]: r for r in fleet["rows"]}
+    assert "sqlite" in rows
+    for row in rows.values():
+        assert row["loads"] == fleet["settings"]["turns"] and row["loads_per_second"] > 0
+        assert row["demoting_loads"] > 0 and row["delivered"] > 0
+        assert (row["duplicates"], row["lost"]) == (0, 0)
+        assert row["trips_per_demoting_load"] == 3.0  # read, lease with state, fenced commit
+        assert 1.0 <= row["trips_per_other_load"] < 2.0  # a read (and a lease if contended)
+    assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_unknown_section_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
