@@ -19,6 +19,7 @@ from typing import Any
 
 from demote._delivery import FRESH, DeliveryMixin, Hold, Work
 from demote._flow import Flow, Sleep, Spawn, Summarize
+from demote._views import trail_at
 from demote.events import DemoteEvent
 
 logger = logging.getLogger("demote")
@@ -113,6 +114,7 @@ class CompactionMixin(DeliveryMixin):
                 summarized=hi,
                 window_start=hi,
                 anchor=records[hi - 1 - base].fingerprint,
+                trail=trail_at(now, hi, now.pinned, work.view),
             )
             job = replace(work, stored=current, target=compacted, resynced=False, events=events)
             committed, _, _ = yield from self._settle(hold, job)

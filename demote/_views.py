@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from demote._groups import GroupIndex
 from demote.planner import plan
 from demote.policy import SlidingWindow
-from demote.records import ConversationState, MessageRecord
+from demote.records import TRAIL_DIGITS, TRAIL_KEPT, ConversationState, MessageRecord
 
-__all__ = ["SENT_KEPT", "View", "ViewCache"]
+__all__ = ["SENT_KEPT", "View", "ViewCache", "snapshot_bounds", "trail_at"]
 
 T = TypeVar("T")
 
@@ -187,7 +187,9 @@ class ViewCache:
         """Is ``messages`` an older copy of the history (its last message is one we saw)?
 
         Only a copy shorter than the window start or than the history the view last saw
-        can be one; the common load, as long as both, costs two comparisons.
+        can be one; the common load, as long as both, costs two comparisons. A copy this
+        process has not seen is checked against the state's ``trail`` (the messages just
+        before the window start, committed by whichever worker moved it).
         """
         n = len(messages)
         view = self._views.get(conversation_id)
@@ -195,13 +197,44 @@ class ViewCache:
             return False
         if n == 0:
             return True
-        if view is None:
-            return False
         i, fp = n - 1, describe(messages[n - 1]).fingerprint
-        if view.base <= i < view.base + len(view.records):
-            return view.records[i - view.base].fingerprint == fp
-        j = i - view.left_base
-        return 0 <= j < len(view.left) and view.left[j] == fp
+        if view is not None:
+            if view.base <= i < view.base + len(view.records):
+                return view.records[i - view.base].fingerprint == fp
+            j = i - view.left_base
+            if 0 <= j < len(view.left):
+                return view.left[j] == fp
+        # This process has not seen it: the committed trail tells, as far as it reaches.
+        return n < state.window_start and _trail_says(state, i, fp)
+
+
+def trail_at(state: ConversationState, start: int, pinned: int, view: View) -> str:
+    """The short fingerprints of the messages before a new window start (see ``trail``).
+
+    Extends the committed trail by the messages that just left the window when it ends
+    where they begin (the common cut); otherwise rebuilds it from the records held.
+    """
+    if start <= pinned:
+        return ""
+    base, records, d = view.base, view.records, TRAIL_DIGITS
+    lo = start - TRAIL_KEPT
+    if state.window_start > state.pinned and state.window_start <= start and state.trail:
+        first = max(state.window_start, base)
+        head = state.trail if first == state.window_start else ""
+    else:
+        first, head = max(lo, base, pinned), ""
+    tail = "".join(records[i - base].fingerprint[:d] for i in range(first, start))
+    return (head + tail)[-TRAIL_KEPT * d :]
+
+
+def _trail_says(state: ConversationState, index: int, fp: str) -> bool:
+    """Does the committed trail hold ``fp`` at ``index`` (``False`` if it does not reach)?"""
+    d = TRAIL_DIGITS
+    first = state.window_start - len(state.trail) // d
+    if not first <= index < state.window_start:
+        return False
+    at = (index - first) * d
+    return state.trail[at : at + d] == fp[:d]
 
 
 def snapshot_bounds(

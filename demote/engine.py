@@ -60,14 +60,20 @@ from demote._erasing import EraseMixin
 from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
-from demote._views import View, ViewCache, snapshot_bounds
+from demote._views import View, ViewCache, snapshot_bounds, trail_at
 from demote.erase import EraseReport
 from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
 from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
 from demote.policy import Compact, SlidingWindow
-from demote.records import ROLES, ConversationState, MessageRecord, Role, fingerprint
+from demote.records import (
+    ROLES,
+    ConversationState,
+    MessageRecord,
+    Role,
+    fingerprint,
+)
 from demote.retry import Backoff, RetryTracker
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
@@ -442,6 +448,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             state.anchor,
         ):
             return state
+        trail = (
+            state.trail if start == state.window_start else trail_at(state, start, p.pinned, view)
+        )
         # dataclasses.replace, without its introspection (this runs on most turns)
         return ConversationState(
             start,
@@ -452,6 +461,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             state.summarized,
             state.offset,
             state.generation,
+            trail,
         )
 
     def _unconfirmed(self, cid: str, work: Work) -> None:

@@ -17,6 +17,8 @@ from demote.errors import ConfigError
 __all__ = [
     "ROLES",
     "ROLE_ALIASES",
+    "TRAIL_DIGITS",
+    "TRAIL_KEPT",
     "CapturedTurn",
     "ConversationState",
     "DemotedMessage",
@@ -28,6 +30,11 @@ __all__ = [
     "make_key",
     "storable_text",
 ]
+
+#: Hex digits of each short fingerprint in :attr:`ConversationState.trail`.
+TRAIL_DIGITS = 8
+#: How many messages before the window start :attr:`ConversationState.trail` covers.
+TRAIL_KEPT = 64
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
@@ -149,6 +156,11 @@ class ConversationState:
         offset: Messages removed from the front of the inner store (pruned); absolute
             index = offset + position in the store.
         generation: Bumped on every clear, so stale work is recognised and discarded.
+        trail: Short fingerprints (:data:`TRAIL_DIGITS` hex digits each) of the messages
+            just before ``window_start``, oldest first, at most :data:`TRAIL_KEPT`: the
+            last one is the anchor's. Any process recognises a stale, shorter copy of the
+            history (read by a slow request before others appended to it) by its last
+            message, without having seen it.
     """
 
     window_start: int = 0
@@ -159,6 +171,7 @@ class ConversationState:
     summarized: int = 0
     offset: int = 0
     generation: int = 0
+    trail: str = ""
 
 
 @dataclass(frozen=True, slots=True)

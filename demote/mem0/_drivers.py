@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Coroutine, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -187,13 +189,36 @@ class _Mem0:
         return await asyncio.to_thread(_drive, self.memory, flow, error)
 
 
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(memory: Any) -> threading.Lock | contextlib.nullcontext[None]:
+    """One lock per sync mem0 object: demote's calls to it never overlap.
+
+    mem0's embedded vector stores (a local Qdrant) are not safe under concurrent calls
+    (an index error, seen with a Recorder's worker writing one conversation while another
+    is erased); a hook, a capture and a recall sharing one ``Memory`` take turns.
+    """
+    try:
+        with _LOCKS_GUARD:
+            lock = _LOCKS.get(memory)
+            if lock is None:
+                lock = _LOCKS[memory] = threading.Lock()
+            return lock
+    except TypeError:  # not weak-referenceable: nothing to share it with
+        return contextlib.nullcontext()
+
+
 def _drive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
+    lock = _lock_of(memory)
     try:
         call = next(flow)
         while True:
             name, args, kwargs = call
             try:
-                result = getattr(memory, name)(*args, **kwargs)
+                with lock:
+                    result = getattr(memory, name)(*args, **kwargs)
             except Exception as exc:
                 raise error(f"mem0 {name}() failed: {exc}") from exc
             call = flow.send(result)

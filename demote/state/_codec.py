@@ -28,6 +28,7 @@ __all__ = [
 #: The fields of a state, in order: the column order of the SQL stores.
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ConversationState))
 _TEXT = frozenset({"anchor", "summary"})
+_STR = frozenset({"trail"})  # text, never None
 
 
 def encode_state(state: ConversationState) -> str:
@@ -40,11 +41,12 @@ def state_from_row(row: tuple[Any, ...] | list[Any]) -> ConversationState:
     if len(row) != len(COLUMNS):
         raise StoreError(f"stored conversation state has {len(row)} fields, not {len(COLUMNS)}")
     for name, value in zip(COLUMNS, row, strict=True):
-        ok = (
-            (value is None or isinstance(value, str))
-            if name in _TEXT
-            else (isinstance(value, int) and not isinstance(value, bool))
-        )
+        if name in _TEXT:
+            ok = value is None or isinstance(value, str)
+        elif name in _STR:
+            ok = isinstance(value, str)
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok:
             raise StoreError(
                 f"stored conversation state is corrupt: {name} is {type(value).__name__} "
@@ -59,6 +61,8 @@ def decode_state(text: str | bytes) -> ConversationState:
         data = json.loads(text)
     except (ValueError, TypeError) as exc:
         raise StoreError(f"stored conversation state is corrupt: {exc}") from exc
+    if isinstance(data, dict) and "trail" not in data:
+        data["trail"] = ""  # written before states had a trail
     if not isinstance(data, dict) or set(data) != set(COLUMNS):
         raise StoreError(f"stored conversation state is corrupt: {str(data)[:80]!r}")
     return state_from_row([data[name] for name in COLUMNS])

@@ -33,8 +33,8 @@ from demote.state.base import Lease, tombstone
 
 __all__ = ["SCHEMA_VERSION", "Sql"]
 
-SCHEMA_VERSION = 2
-_TYPES = {c: ("text" if c in ("anchor", "summary") else "bigint") for c in COLUMNS}
+SCHEMA_VERSION = 3
+_TYPES = {c: ("text" if c in ("anchor", "summary", "trail") else "bigint") for c in COLUMNS}
 _COLS = ", ".join(f'"{c}"' for c in COLUMNS)
 _S_COLS = ", ".join(f's."{c}"' for c in COLUMNS)
 
@@ -161,6 +161,8 @@ class Sql:
             # version 2
             f"ALTER TABLE {lease} ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0",
             f"CREATE SEQUENCE IF NOT EXISTS {t}_fence",
+            # version 3
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS trail TEXT NOT NULL DEFAULT ''",
             f"CREATE TABLE IF NOT EXISTS {t}_meta (id BOOLEAN PRIMARY KEY DEFAULT TRUE "
             "CHECK (id), version INTEGER NOT NULL)",
             f"INSERT INTO {t}_meta (version) VALUES ({SCHEMA_VERSION}) "

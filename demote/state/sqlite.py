@@ -47,7 +47,7 @@ _OWN_TABLES = ("demote_state", "demote_lease", "demote_fence")
 #: ``PRAGMA application_id``: "demo" in ASCII.
 APPLICATION_ID = 0x64656D6F
 #: The schema version this code writes (``PRAGMA user_version``).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -75,6 +75,9 @@ _MIGRATIONS: dict[int, str] = {
         last INTEGER NOT NULL
     );
     INSERT OR IGNORE INTO demote_fence (id, last) VALUES (0, 0);
+    """,
+    3: """
+    ALTER TABLE demote_state ADD COLUMN trail TEXT NOT NULL DEFAULT '';
     """,
 }
 

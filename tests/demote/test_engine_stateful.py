@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from demote import Backoff, Demoter, Demotion, SlidingWindow, SQLiteStateStore
-from demote.records import MessageRecord, fingerprint, make_key
+from demote.records import TRAIL_DIGITS, TRAIL_KEPT, MessageRecord, fingerprint, make_key
 from tests.strategies import Msg, describer, policies, turn, unique, within_bound
 
 # Random policies include Compact without a summarizer, on purpose.
@@ -322,6 +322,13 @@ class EngineMachine(RuleBasedStateMachine):
             assert state.window_start <= max(len(history), state.pinned)
             for i in range(state.pinned, min(state.delivered, len(history))):
                 assert key_of(cid, i, history[i]) in self.hook.store, f"{cid}[{i}] lost"
+            # The trail holds the short fingerprints of the messages just before the window.
+            first = state.window_start - len(state.trail) // TRAIL_DIGITS
+            assert state.pinned <= first and len(state.trail) <= TRAIL_DIGITS * TRAIL_KEPT
+            for n, i in enumerate(range(first, min(state.window_start, len(history)))):
+                m = history[i]
+                fp = fingerprint(m.role, m.text, m.opens, m.answers)[:TRAIL_DIGITS]
+                assert state.trail[n * TRAIL_DIGITS : (n + 1) * TRAIL_DIGITS] == fp, (cid, i)
 
     @invariant()
     def delivered_once_within_a_process(self) -> None:

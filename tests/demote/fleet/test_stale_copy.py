@@ -4,10 +4,12 @@ Two Demoters on one store behave as two processes (as in tests/demote/test_engin
 In a fleet a request can read the conversation's history just before another worker's
 request appends to it and commits a window start beyond its end (two turns with a
 two-message window are enough). The README promises that "a stale, shorter copy read by a
-slow concurrent request is recognised and changes nothing"; that holds when the worker
-that reads it has seen the newer messages (its own view remembers them), not when it has
-not: it takes the copy for a rewrite, re-syncs (one generation on), hands the hook again
-everything before its own window and commits a state that describes the shorter copy.
+slow concurrent request is recognised and changes nothing". A worker that has seen the
+newer messages knows them from its own view; one that has not reads the state's ``trail``
+(the short fingerprints of the messages just before the window start, committed by the
+worker that moved it). Without the trail it took the copy for a rewrite, re-synced (one
+generation on), handed the hook again everything before its own window and committed a
+state that described the shorter copy.
 
 The multi-process tests avoid the race by reading history and state in one consistent step
 (tests/support/engine_worker.py, ``Consistent``); this file pins down what happens without
@@ -17,8 +19,6 @@ it.
 from __future__ import annotations
 
 from collections import Counter
-
-import pytest
 
 from demote import Demoter, Demotion, InMemoryStateStore, SlidingWindow
 from tests.strategies import Msg, describer, unique
@@ -50,10 +50,6 @@ def test_a_stale_copy_is_recognised_by_a_worker_that_saw_the_newer_messages() ->
     assert max(sink.keys.values()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: a shorter copy the worker never saw is taken for a rewrite (see docstring)",
-)
 def test_a_stale_copy_read_by_another_worker_changes_nothing() -> None:
     store, sink = InMemoryStateStore(), Sink()
     a, b = Demoter(POLICY, sink, state=store), Demoter(POLICY, sink, state=store)

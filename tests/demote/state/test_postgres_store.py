@@ -13,6 +13,7 @@ import pytest
 from demote import ConversationState, StoreError
 from demote.errors import ConfigError
 from demote.state import PostgresStateStore
+from demote.state._pg_sql import SCHEMA_VERSION
 from tests.demote.state.conftest import drop_pg_tables
 
 S1 = ConversationState(window_start=4, delivered=4, anchor="ab")
@@ -49,7 +50,7 @@ def test_tables_of_the_previous_layout_migrate_and_keep_their_states(
         assert lease is not None and lease.state == S1 and lease.token >= 1
         assert store.compare_and_set("a", S1, S2, lease=lease, release=True)
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute(f"SELECT version FROM {table}_meta").fetchone() == (2,)
+        assert conn.execute(f"SELECT version FROM {table}_meta").fetchone() == (SCHEMA_VERSION,)
     with PostgresStateStore(postgres_url, table=table) as store:
         assert store.get("a") == S2
 
