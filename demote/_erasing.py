@@ -29,6 +29,7 @@ class EraseMixin(DeliveryMixin):
         messages: Sequence[T] | None,
         describe: Callable[[T], MessageRecord] | None,
         wait: float | None,
+        also: Sequence[object] = (),
     ) -> Flow[EraseReport]:
         cid = validate_conversation_id(conversation_id)
         if (messages is None) != (describe is None):
@@ -52,17 +53,9 @@ class EraseMixin(DeliveryMixin):
                 yield from self._store("delete", cid)
                 hold = yield from self._take_leased(cid)
             fence = hold.lease.token if hold is not None and hold.lease is not None else None
-            reports = []
-            for label, tier in tiers(self.hook):
-                if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
-                    reports.append(TierReport(label, "unsupported"))
-                    continue
-                try:
-                    removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
-                except Exception as exc:  # reported, and the other tiers still erase
-                    reports.append(TierReport(label, "failed", error=repr(exc)))
-                    continue
-                reports.append(TierReport(label, "erased", _count(removed)))
+            reports: list[TierReport] = []
+            for holder in (self.hook, *also):
+                reports += yield from erase_tiers(holder, cid, fence, keys)
             yield from self._store("delete", cid)  # state, summary and lease, bytes too
             if hold is not None and hold.lease is not None:
                 hold.released = True
@@ -80,6 +73,24 @@ class EraseMixin(DeliveryMixin):
         with self._tally.lock:
             self._tally.errors.pop(cid, None)
             self._tally.pending.pop(cid, None)
+
+
+def erase_tiers(
+    holder: object, cid: str, fence: int | None, keys: Sequence[str] | None
+) -> Flow[list[TierReport]]:
+    """Ask every tier behind ``holder`` to erase ``cid``; one report per tier, in order."""
+    reports = []
+    for label, tier in tiers(holder):
+        if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
+            reports.append(TierReport(label, "unsupported"))
+            continue
+        try:
+            removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
+        except Exception as exc:  # reported, and the other tiers still erase
+            reports.append(TierReport(label, "failed", error=repr(exc)))
+            continue
+        reports.append(TierReport(label, "erased", _count(removed)))
+    return reports
 
 
 def _count(removed: Any) -> int | None:
