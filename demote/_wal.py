@@ -17,14 +17,16 @@ __all__ = ["truncate_wal"]
 PATIENCE = 1.0
 
 
-def truncate_wal(db: sqlite3.Connection, patience: float = PATIENCE) -> None:
+def truncate_wal(db: sqlite3.Connection, patience: float | None = None) -> None:
     """Checkpoint ``db``'s WAL and truncate it to zero bytes (no-op outside WAL mode).
+
+    ``patience`` defaults to :data:`PATIENCE` (read at each call).
 
     Raises:
         sqlite3.OperationalError: Still busy after ``patience`` seconds: the erased rows
             are deleted, but their bytes may remain in the WAL until a later checkpoint.
     """
-    deadline = time.monotonic() + patience
+    deadline = time.monotonic() + (PATIENCE if patience is None else patience)
     while True:
         busy, wal, done = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         if not busy:

@@ -20,7 +20,6 @@ from demote._wal import truncate_wal
 logger = logging.getLogger("demote.capture")
 
 
-
 @dataclass(frozen=True, slots=True)
 class CheckpointStats:
     """How the outbox's WAL has been checkpointed (see :mod:`demote.capture.outbox`).
