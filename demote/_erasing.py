@@ -30,13 +30,15 @@ class EraseMixin(DeliveryMixin):
         describe: Callable[[T], MessageRecord] | None,
         wait: float | None,
         also: Sequence[object] = (),
+        given: Sequence[str] | None = None,
     ) -> Flow[EraseReport]:
         cid = validate_conversation_id(conversation_id)
         if (messages is None) != (describe is None):
             raise ConfigError("erase: give both messages and describe, or neither")
-        keys = None
+        keys = None if given is None else [str(k) for k in given]
         if messages is not None and describe is not None:
-            keys = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            keys = list(dict.fromkeys([*derived, *(keys or ())]))
         deadline = time.monotonic() + (self.lease_ttl if wait is None else wait)
         hold: Hold | None = None
         took_over = False

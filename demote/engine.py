@@ -536,6 +536,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         describe: Callable[[T], MessageRecord] | None = None,
         wait: float | None = None,
         also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
     ) -> EraseReport:
         """Forget the conversation everywhere: its state, and every tier behind the hook.
 
@@ -551,11 +552,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 default) before taking over (see :attr:`EraseReport.took_over`).
             also: Other holders of the conversation, erased like the hook after it (its
                 tiers reported after the hook's): the adapters pass their ``capture``.
+            keys: Dedup keys to hand the tiers as well, for a caller that derives them
+                itself (an agent thread whose front was pruned).
 
         Returns:
             What each tier did.
         """
-        return drive_sync(self._erase(conversation_id, messages, describe, wait, also))
+        return drive_sync(self._erase(conversation_id, messages, describe, wait, also, keys))
 
     async def aerase(
         self,
@@ -565,9 +568,11 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         describe: Callable[[T], MessageRecord] | None = None,
         wait: float | None = None,
         also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
     ) -> EraseReport:
         """Async :meth:`erase` (stores and tiers are awaited)."""
-        return await drive_async(self._erase(conversation_id, messages, describe, wait, also))
+        flow = self._erase(conversation_id, messages, describe, wait, also, keys)
+        return await drive_async(flow)
 
     def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
         cid = validate_conversation_id(conversation_id)

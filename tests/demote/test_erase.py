@@ -182,3 +182,15 @@ def test_conversation_hash_names_a_conversation_without_its_id() -> None:
     assert len(h) == 32 and "user-42" not in h and h == conversation_hash("user-42")
     assert h != conversation_hash("user-43")
     assert len(conversation_hash("\ud800")) == 32  # a lone surrogate hashes too
+
+
+def test_keys_given_reach_the_tiers_with_those_derived_from_the_messages() -> None:
+    tier = Tier()
+    d = Demoter(LAST2, tier)
+    msgs = chat(4, "c")
+    d.load("c", msgs, describer(d))
+    d.erase("c", keys=["pruned-1", "pruned-2"])
+    assert tier.erased_keys == ["pruned-1", "pruned-2"]
+    derived = [make_key("c", i, describer(d)(m).fingerprint) for i, m in enumerate(msgs)]
+    d.erase("c", messages=msgs, describe=describer(d), keys=[derived[0], "pruned-1"])
+    assert tier.erased_keys == [*derived, "pruned-1"]
