@@ -10,10 +10,11 @@ What holds a conversation in an archive file, and how each is removed:
   tokens: it appends a *delete marker* to a new segment, and the old segment keeps the
   tokens (the text's words, lowercased and stemmed) until a merge rewrites it. So an
   erase ends with FTS5's ``optimize``, which merges every segment into one and drops
-  what the markers cancel. Its cost grows with the whole index (measured: 0.1 s at
-  20,000 messages, 0.55 s at 100,000), and it is a no-op on an index already merged
-  (an erase that follows another costs nothing). ``VACUUM`` would not do: it copies the
-  segments as they are.
+  what the markers cancel. Its cost grows with the whole index (about 0.3 s at 20,000
+  messages of ~50 words, 1.5 s at 100,000: ``python -m bench.erase_cost``), also right
+  after another erase, whose markers make a new segment. ``VACUUM`` would not do: it
+  copies the segments as they are. (SQLite 3.42 added FTS5's ``secure-delete`` option,
+  which removes the tokens at the delete; many Pythons ship an older SQLite: 3.40 here.)
 * Free space. The connection runs with ``PRAGMA secure_delete = ON``, so every deleted
   cell and freed page is overwritten with zeros, in the file and the WAL frames written
   from then on, instead of being left in free space.
@@ -83,6 +84,7 @@ def erase_rows(db: sqlite3.Connection, conversation_id: str, fence: int | None) 
             "(conversation) DO UPDATE SET fence = max(fence, excluded.fence)",
             (conversation_hash(conversation_id), fence),
         )
-    # Also when nothing was deleted now: a delete of an older version left tokens behind.
+    # Also when nothing was deleted now: a delete of an older version left tokens behind
+    # (on an index already merged, with nothing deleted since, it is a no-op).
     db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
     return int(removed)
