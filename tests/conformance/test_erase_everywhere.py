@@ -19,12 +19,14 @@ outbox. Then the adapter erases the conversation, and:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from langchain_core._api.deprecation import LangChainDeprecationWarning
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.messages import AIMessage, HumanMessage
@@ -112,8 +114,13 @@ class LangChainChat:
 
     def _history(self, cid: str) -> DemotingChatMessageHistory:
         if cid not in self.histories:
+            with warnings.catch_warnings():
+                # Ignored by the test settings, but mem0's import (mem0.client.main) turns
+                # every DeprecationWarning back to "default" in the test that imports it.
+                warnings.simplefilter("ignore", LangChainDeprecationWarning)
+                inner = InMemoryChatMessageHistory()
             self.histories[cid] = DemotingChatMessageHistory(
-                InMemoryChatMessageHistory(), self.tiers.demoter, cid, capture=self.tiers.capture
+                inner, self.tiers.demoter, cid, capture=self.tiers.capture
             )
         return self.histories[cid]
 
