@@ -29,13 +29,16 @@ class EraseMixin(DeliveryMixin):
         messages: Sequence[T] | None,
         describe: Callable[[T], MessageRecord] | None,
         wait: float | None,
+        also: Sequence[object] = (),
+        given: Sequence[str] | None = None,
     ) -> Flow[EraseReport]:
         cid = validate_conversation_id(conversation_id)
         if (messages is None) != (describe is None):
             raise ConfigError("erase: give both messages and describe, or neither")
-        keys = None
+        keys = None if given is None else [str(k) for k in given]
         if messages is not None and describe is not None:
-            keys = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            keys = list(dict.fromkeys([*derived, *(keys or ())]))
         deadline = time.monotonic() + (self.lease_ttl if wait is None else wait)
         hold: Hold | None = None
         took_over = False
@@ -52,17 +55,9 @@ class EraseMixin(DeliveryMixin):
                 yield from self._store("delete", cid)
                 hold = yield from self._take_leased(cid)
             fence = hold.lease.token if hold is not None and hold.lease is not None else None
-            reports = []
-            for label, tier in tiers(self.hook):
-                if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
-                    reports.append(TierReport(label, "unsupported"))
-                    continue
-                try:
-                    removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
-                except Exception as exc:  # reported, and the other tiers still erase
-                    reports.append(TierReport(label, "failed", error=repr(exc)))
-                    continue
-                reports.append(TierReport(label, "erased", _count(removed)))
+            reports: list[TierReport] = []
+            for holder in (self.hook, *also):
+                reports += yield from erase_tiers(holder, cid, fence, keys)
             yield from self._store("delete", cid)  # state, summary and lease, bytes too
             if hold is not None and hold.lease is not None:
                 hold.released = True
@@ -80,6 +75,24 @@ class EraseMixin(DeliveryMixin):
         with self._tally.lock:
             self._tally.errors.pop(cid, None)
             self._tally.pending.pop(cid, None)
+
+
+def erase_tiers(
+    holder: object, cid: str, fence: int | None, keys: Sequence[str] | None
+) -> Flow[list[TierReport]]:
+    """Ask every tier behind ``holder`` to erase ``cid``; one report per tier, in order."""
+    reports = []
+    for label, tier in tiers(holder):
+        if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
+            reports.append(TierReport(label, "unsupported"))
+            continue
+        try:
+            removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
+        except Exception as exc:  # reported, and the other tiers still erase
+            reports.append(TierReport(label, "failed", error=repr(exc)))
+            continue
+        reports.append(TierReport(label, "erased", _count(removed)))
+    return reports
 
 
 def _count(removed: Any) -> int | None:

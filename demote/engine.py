@@ -545,6 +545,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         messages: Sequence[T] | None = None,
         describe: Callable[[T], MessageRecord] | None = None,
         wait: float | None = None,
+        also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
     ) -> EraseReport:
         """Forget the conversation everywhere: its state, and every tier behind the hook.
 
@@ -558,11 +560,15 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             describe: How to describe one message (as for :meth:`load`).
             wait: Seconds to wait for a delivery in flight to end (``lease_ttl`` by
                 default) before taking over (see :attr:`EraseReport.took_over`).
+            also: Other holders of the conversation, erased like the hook after it (its
+                tiers reported after the hook's): the adapters pass their ``capture``.
+            keys: Dedup keys to hand the tiers as well, for a caller that derives them
+                itself (an agent thread whose front was pruned).
 
         Returns:
             What each tier did.
         """
-        return drive_sync(self._erase(conversation_id, messages, describe, wait))
+        return drive_sync(self._erase(conversation_id, messages, describe, wait, also, keys))
 
     async def aerase(
         self,
@@ -571,9 +577,12 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         messages: Sequence[T] | None = None,
         describe: Callable[[T], MessageRecord] | None = None,
         wait: float | None = None,
+        also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
     ) -> EraseReport:
         """Async :meth:`erase` (stores and tiers are awaited)."""
-        return await drive_async(self._erase(conversation_id, messages, describe, wait))
+        flow = self._erase(conversation_id, messages, describe, wait, also, keys)
+        return await drive_async(flow)
 
     def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
         cid = validate_conversation_id(conversation_id)

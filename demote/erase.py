@@ -22,15 +22,20 @@ gate and lease like a load does (up to ``wait`` seconds; the holder renews its l
 its hook runs). If the holder does not finish in time the erase takes over: it revokes the
 lease (the late commit is refused) and erases with a newer fencing token, which fencing
 tiers use to refuse the late write; the report says so (``took_over``).
+
+Tiers that remember an erase's fence name the conversation by
+:func:`conversation_hash`, not by its id, so what they keep once it is erased does not
+list who asked to be forgotten.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-__all__ = ["Erasable", "EraseReport", "TierReport", "tiers"]
+__all__ = ["Erasable", "EraseReport", "TierReport", "conversation_hash", "tiers"]
 
 
 @runtime_checkable
@@ -98,3 +103,12 @@ def tiers(hook: object, name: str | None = None) -> Iterator[tuple[str, object]]
         yield label, hook  # keeps something, cannot erase: reported as unsupported
     for i, part in enumerate(held):
         yield from tiers(part, f"{label}[{i}].{type(part).__name__}")
+
+
+def conversation_hash(conversation_id: str) -> str:
+    """How fencing tiers name an erased conversation: blake2b (16 bytes, hex) of its id.
+
+    Not a secret: whoever can guess an id can hash it and confirm it was erased.
+    """
+    data = conversation_id.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=16).hexdigest()

@@ -4,6 +4,9 @@ The inner ``BaseChatMessageHistory`` keeps the full history; this wrapper answer
 with the active window (pinned system messages, the running summary, the kept messages)
 from :meth:`demote.Demoter.load`, which demotes what fell out of it to the demoter's hook.
 Writes and clears go to the inner store (clearing resets the demotion state too).
+``erase`` goes further: the conversation leaves the long tail as well (every tier behind
+the demoter's hook, and the capture), and by default the inner store (see
+:mod:`demote.erase`).
 
 ``RunnableWithMessageHistory`` reads a history once at the start of a turn and, for list
 input without ``history_messages_key``, once more at the end, slicing its input by the
@@ -28,7 +31,10 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import BaseMessage, HumanMessage
 
 from demote._checks import check_message, check_messages
+from demote._erase_flow import Twin, erase_conversation
+from demote._flow import Call, Flow, drive_async, drive_sync
 from demote.engine import Demoter, Window
+from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
@@ -196,7 +202,11 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
     # -- clearing -----------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Clear the inner store, then the conversation's demotion state."""
+        """Clear the inner store, then the conversation's demotion state.
+
+        What the long tail already holds stays there (LangChain's meaning of clearing a
+        history); :meth:`erase` removes that too.
+        """
         self.inner.clear()
         self._reset()
 
@@ -210,9 +220,58 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self.demoter.clear(self.conversation_id)
         self._forget_window()
 
-    def _forget_window(self) -> None:
+    def _forget_window(self, length: int | None = 0) -> None:
         self._memo = None
-        self._length = 0
+        self._length = length
+
+    # -- erasing ------------------------------------------------------------------------
+
+    def erase(self, *, inner: bool = True, wait: float | None = None) -> EraseReport:
+        """Forget the conversation everywhere it went: unlike :meth:`clear`, the long tail too.
+
+        The inner store is emptied first (``inner=True``), then
+        :meth:`demote.Demoter.erase` deletes the demotion state and asks every tier behind
+        the hook (archive, outbox, mem0, vector store) to delete the conversation, with the
+        dedup keys of the history for tiers that delete by id; the ``capture`` is erased
+        after them (see :mod:`demote.erase`).
+
+        Args:
+            inner: Also empty the inner store. With ``False`` it keeps the history, and
+                the next read demotes it again as a new conversation: use it when the
+                inner store is deleted by other means.
+            wait: Seconds to wait for a delivery in flight (see
+                :meth:`demote.Demoter.erase`).
+
+        Returns:
+            What each tier did, and how many messages left the inner store
+            (:attr:`~demote.erase.EraseReport.complete` says whether every tier erased).
+        """
+        report = drive_sync(self._erase(inner, wait))
+        self._forget_window(0 if inner else None)
+        return report
+
+    async def aerase(self, *, inner: bool = True, wait: float | None = None) -> EraseReport:
+        """Async :meth:`erase`: awaits the inner store, the engine and the tiers."""
+        report = await drive_async(self._erase(inner, wait))
+        self._forget_window(0 if inner else None)
+        return report
+
+    def _erase(self, inner: bool, wait: float | None) -> Flow[EraseReport]:
+        return erase_conversation(
+            self.demoter,
+            self.conversation_id,
+            self._describe,
+            read=Twin(self._held, self._aheld),
+            clear=Call(self.inner, "clear", (), {}) if inner else None,
+            also=() if self.capture is None else (self.capture,),
+            wait=wait,
+        )
+
+    def _held(self) -> list[tuple[int, BaseMessage]]:
+        return list(enumerate(self.inner.messages))
+
+    async def _aheld(self) -> list[tuple[int, BaseMessage]]:
+        return list(enumerate(await self.inner.aget_messages()))
 
 
 def _default_conversation_id(signature: inspect.Signature, args: Any, kwargs: Any) -> str:

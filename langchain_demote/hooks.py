@@ -6,22 +6,32 @@ overwrites what it wrote before instead of adding copies. :func:`archive_retriev
 the long tail back as a ``BaseRetriever`` over anything with
 ``search(conversation_id, query, k)`` (``SQLiteArchive``, ``Mem0Recall``), for chains such
 as ``RunnablePassthrough.assign(context=retriever)``.
+
+Erase (:meth:`VectorStoreHook.erase`): a vector store deletes by id, and the ids are the
+dedup keys, which the engine derives from the conversation's current history. Ids the
+hook can also find by metadata (an ``InMemoryVectorStore``, or any store through
+``find_ids=``) are deleted too; those of messages a rewritten history no longer holds
+are reachable only that way.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import ConfigDict
 
+from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter
-from demote.errors import ConfigError
+from demote.erase import conversation_hash
+from demote.errors import ConfigError, FencedOut
 from demote.events import DemoteEvent
 from demote.hooks.base import Recall
 from demote.records import DemotedMessage, Demotion, Recalled
@@ -59,15 +69,41 @@ class VectorStoreHook:
         vectorstore: Any ``VectorStore`` that honours ``ids`` in ``add_documents``.
         skip_empty: Leave out messages with no text (tool-calling assistant messages),
             which embed to nothing useful.
+        find_ids: Lists the ids of one conversation's documents in the store, found by
+            their ``conversation_id`` metadata, for :meth:`erase` (Chroma:
+            ``lambda cid: store.get(where={"conversation_id": cid})["ids"]``). For an
+            ``InMemoryVectorStore`` the hook scans the store itself; otherwise, without
+            it, erase deletes only the ids it is given.
+
+    Raises:
+        ConfigError: ``vectorstore`` is not a ``VectorStore``, ``find_ids`` not callable.
     """
 
-    def __init__(self, vectorstore: VectorStore, *, skip_empty: bool = True) -> None:
+    def __init__(
+        self,
+        vectorstore: VectorStore,
+        *,
+        skip_empty: bool = True,
+        find_ids: Callable[[str], Iterable[str]] | None = None,
+    ) -> None:
         if not isinstance(vectorstore, VectorStore):
             raise ConfigError(f"vectorstore: expected a VectorStore, got {vectorstore!r}")
+        if find_ids is not None and not callable(find_ids):
+            raise ConfigError(f"find_ids: {find_ids!r} is not callable")
         self.vectorstore = vectorstore
         self.skip_empty = skip_empty
+        self.find_ids = find_ids
+        self._fences: dict[str, int] = {}  # conversation hash -> fence of its last erase
+        self._lock = threading.Lock()
 
     def _documents(self, batch: Demotion) -> list[Document]:
+        with self._lock:
+            erased = self._fences.get(conversation_hash(batch.conversation_id))
+        if erased is not None and batch.fence is not None and batch.fence < erased:
+            raise FencedOut(
+                f"vector store: a batch of conversation {batch.conversation_id!r} carries "
+                f"fencing token {batch.fence}, older than its erase (token {erased}); refused"
+            )
         return [
             _document(batch.conversation_id, m)
             for m in batch.messages
@@ -75,7 +111,13 @@ class VectorStoreHook:
         ]
 
     def deliver(self, batch: Demotion) -> None:
-        """Add the batch's messages to the vector store (ids = keys)."""
+        """Add the batch's messages to the vector store (ids = keys).
+
+        Raises:
+            FencedOut: The batch's fencing token is older than an erase of its
+                conversation made through this hook (a worker whose lease the erase
+                revoked); nothing is added.
+        """
         docs = self._documents(batch)
         if docs:
             self.vectorstore.add_documents(docs, ids=[d.metadata["key"] for d in docs])
@@ -97,6 +139,80 @@ class VectorStoreHook:
             for d in found
             if d.id is not None and d.metadata.get("conversation_id") == conversation_id
         }
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int | None:
+        """Delete the conversation's documents from the vector store, by id.
+
+        The ids deleted are ``keys`` (what :meth:`demote.Demoter.erase` derives from the
+        conversation's current history) and those found by metadata (``find_ids``, or a
+        scan of an ``InMemoryVectorStore``). Where the store looks ids up
+        (``get_by_ids``), only documents whose ``conversation_id`` metadata is this
+        conversation are deleted, and counted. What it cannot reach: a message of a
+        history rewritten since it was delivered (its key is no longer derived) in a
+        store that cannot be searched by metadata. The fence is remembered in this
+        process only: a late batch from a worker elsewhere is not refused here.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token: a later batch carrying an older one is
+                refused (:class:`~demote.errors.FencedOut`) by this hook.
+            keys: Ids to delete (the conversation's dedup keys).
+
+        Returns:
+            How many documents were deleted, or ``None`` when the store cannot look ids
+            up (every candidate id was then deleted, present or not).
+
+        Raises:
+            NotImplementedError: The store cannot delete (``delete`` is not implemented).
+        """
+        return drive_sync(self._erase(conversation_id, fence, keys))
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int | None:
+        """Async :meth:`erase` (``aget_by_ids``, ``adelete``)."""
+        return await drive_async(self._erase(conversation_id, fence, keys))
+
+    def _erase(
+        self, conversation_id: str, fence: int | None, keys: Sequence[str] | None
+    ) -> Flow[int | None]:
+        cid = validate_conversation_id(conversation_id)
+        if fence is not None:
+            with self._lock:
+                h = conversation_hash(cid)
+                self._fences[h] = max(fence, self._fences.get(h, fence))
+        found: list[str] = yield Call(self, "ids_by_metadata", (cid,), {})
+        ids = list(dict.fromkeys([*(str(k) for k in keys or ()), *found]))
+        if not ids:
+            return 0
+        try:
+            docs: list[Document] | None = yield Call(self.vectorstore, "get_by_ids", (ids,), {})
+        except NotImplementedError:
+            docs = None
+        if docs is not None:
+            ids = [d.id for d in docs if d.id and d.metadata.get("conversation_id") == cid]
+            if not ids:
+                return 0
+        yield Call(self.vectorstore, "delete", (ids,), {})
+        return None if docs is None else len(ids)
+
+    def ids_by_metadata(self, conversation_id: str) -> list[str]:
+        """The ids of the conversation's documents, found by their metadata.
+
+        Empty when there are none, or when the store cannot be searched that way (see
+        ``find_ids``).
+        """
+        if self.find_ids is not None:
+            return [str(i) for i in self.find_ids(conversation_id)]
+        if isinstance(self.vectorstore, InMemoryVectorStore):
+            return [
+                i
+                for i, doc in list(self.vectorstore.store.items())
+                if doc.get("metadata", {}).get("conversation_id") == conversation_id
+            ]
+        return []
 
 
 class ArchiveRetriever(BaseRetriever):

@@ -64,6 +64,10 @@ yields its I/O operations (the load, the recall search, the pruned prefix's re-s
 see :mod:`langchain_demote._preparation`) and two short drivers run it, one blocking, one
 awaiting (STYLE.md, habit 2).
 
+Erasing (:meth:`DemotingMiddleware.erase`): the thread is deleted through the
+checkpointer, then the demotion state and every tier behind the hook
+(:mod:`langchain_demote._erasing`).
+
 Pruning (``prune_state=True``) keeps every message's absolute position: the pruned prefix
 is counted in the checkpoint, and the engine reads the thread through a view that puts
 the kept messages back at their positions (:mod:`langchain_demote._pruning`).
@@ -93,16 +97,19 @@ from langchain.agents.middleware.types import (
     PrivateStateAttr,
 )
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from demote._flow import drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter, Window
+from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent
 from demote.hooks.base import Recall
 from demote.records import MessageRecord, Recalled
+from langchain_demote._erasing import erase_thread
 from langchain_demote._preparation import Flow, Load, Prepared, Search, model_call_metadata
 from langchain_demote._pruning import (
     PRUNED_KEY,
@@ -315,6 +322,52 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         with model_call_metadata(prepared.metadata):
             response = await handler(prepared.request)
         return prepared.finish(response)
+
+    # -- erasing a conversation --------------------------------------------------------------
+
+    def erase(
+        self,
+        thread_id: str,
+        *,
+        checkpointer: BaseCheckpointSaver[Any] | None = None,
+        conversation_id: str | None = None,
+        wait: float | None = None,
+    ) -> EraseReport:
+        """Forget a conversation everywhere: its thread, demotion state and long tail.
+
+        The thread's messages are read (for the dedup keys of tiers that delete by id),
+        the thread is deleted with ``checkpointer.delete_thread``, then
+        :meth:`demote.Demoter.erase` deletes the state and asks every tier behind the
+        hook to delete the conversation.
+
+        Args:
+            thread_id: The LangGraph thread; also the conversation id by default.
+            checkpointer: The agent's checkpointer (``None``: an agent without one, whose
+                conversation, ``"first-message:..."``, is then ``thread_id``).
+            conversation_id: The conversation's id when this middleware names
+                conversations with ``conversation_id=`` (required then).
+            wait: Seconds to wait for a delivery in flight (see
+                :meth:`demote.Demoter.erase`).
+
+        Returns:
+            What each tier did, and how many messages left the thread.
+
+        Raises:
+            ConfigError: A custom ``conversation_id`` callable and no ``conversation_id``.
+        """
+        return drive_sync(erase_thread(self, thread_id, checkpointer, conversation_id, wait))
+
+    async def aerase(
+        self,
+        thread_id: str,
+        *,
+        checkpointer: BaseCheckpointSaver[Any] | None = None,
+        conversation_id: str | None = None,
+        wait: float | None = None,
+    ) -> EraseReport:
+        """Async :meth:`erase` (``aget_tuple``, ``adelete_thread``, the engine's ``aerase``)."""
+        flow = erase_thread(self, thread_id, checkpointer, conversation_id, wait)
+        return await drive_async(flow)
 
     # -- shared logic ------------------------------------------------------------------------
 

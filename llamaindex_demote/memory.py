@@ -19,6 +19,10 @@ summary, older kept messages) stays byte-identical between calls and provider pr
 caches keep hitting. Recalled text is never written to the chat store, so it is never
 demoted, archived or captured again.
 
+``reset`` is LlamaIndex's: the chat store and the demotion state are cleared, the long
+tail keeps what it holds. ``erase`` also deletes the conversation from every tier behind
+the demoter's hook and from the capture (see :mod:`demote.erase`).
+
 Sync and async share everything but the awaited calls: the async methods await the chat
 store's async methods, :meth:`~demote.Demoter.aload` and the recall's ``asearch`` (or run
 its ``search`` in a thread). LlamaIndex agents only call the async methods.
@@ -39,8 +43,11 @@ from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreM
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote._checks import check_message, check_messages
+from demote._erase_flow import Twin, erase_conversation
+from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter, Window
+from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.policy import SlidingWindow
@@ -464,7 +471,7 @@ class DemotingMemory(BaseChatStoreMemory):
     def reset(self) -> None:
         """Delete the conversation from the chat store and clear its demotion state.
 
-        What the hook already holds (the archive) is kept.
+        What the hook already holds (the archive) is kept; :meth:`erase` deletes it too.
         """
         self.chat_store.delete_messages(self.chat_store_key)
         self._p.demoter.clear(self.chat_store_key)
@@ -473,3 +480,45 @@ class DemotingMemory(BaseChatStoreMemory):
         """Async :meth:`reset`."""
         await self.chat_store.adelete_messages(self.chat_store_key)
         await self._p.demoter.aclear(self.chat_store_key)
+
+    def erase(self, *, inner: bool = True, wait: float | None = None) -> EraseReport:
+        """Forget the conversation everywhere it went: unlike :meth:`reset`, the long tail too.
+
+        The chat store's messages of ``chat_store_key`` are deleted first (``inner=True``),
+        then :meth:`demote.Demoter.erase` deletes the demotion state and asks every tier
+        behind the hook (archive, outbox, mem0, vector store) to delete the conversation,
+        with the dedup keys of the history for tiers that delete by id; the ``capture``
+        is erased after them (see :mod:`demote.erase`).
+
+        Args:
+            inner: Also delete the messages from the chat store. With ``False`` they
+                stay, and the next read demotes them again as a new conversation.
+            wait: Seconds to wait for a delivery in flight (see
+                :meth:`demote.Demoter.erase`).
+
+        Returns:
+            What each tier did, and how many messages left the chat store.
+        """
+        return drive_sync(self._erase(inner, wait))
+
+    async def aerase(self, *, inner: bool = True, wait: float | None = None) -> EraseReport:
+        """Async :meth:`erase`: awaits the chat store, the engine and the tiers."""
+        return await drive_async(self._erase(inner, wait))
+
+    def _erase(self, inner: bool, wait: float | None) -> Flow[EraseReport]:
+        parts, cid = self._p, self.chat_store_key
+        return erase_conversation(
+            parts.demoter,
+            cid,
+            parts.describe,
+            read=Twin(self._held, self._aheld),
+            clear=Call(self.chat_store, "delete_messages", (cid,), {}) if inner else None,
+            also=() if parts.capture is None else (parts.capture,),
+            wait=wait,
+        )
+
+    def _held(self) -> list[tuple[int, ChatMessage]]:
+        return list(enumerate(self.get_all()))
+
+    async def _aheld(self) -> list[tuple[int, ChatMessage]]:
+        return list(enumerate(await self.aget_all()))

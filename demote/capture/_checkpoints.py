@@ -12,13 +12,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 
-logger = logging.getLogger("demote.capture")
+from demote._wal import truncate_wal
 
-_TRUNCATE_PATIENCE = 1.0  # seconds an erase retries a TRUNCATE checkpoint that is busy
+logger = logging.getLogger("demote.capture")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,18 +120,8 @@ class WalCheckpoints:
         """
         if self._checkpointer is None:
             return  # not in WAL mode (":memory:"): no WAL to truncate
-        deadline = time.monotonic() + _TRUNCATE_PATIENCE
-        while True:
-            busy, wal, done = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            if not busy:
-                self._report(self._commits, 0, "truncate", whole=True)
-                return
-            if time.monotonic() >= deadline:
-                raise sqlite3.OperationalError(
-                    f"the WAL could not be truncated (busy; {done} of {wal} pages copied): "
-                    "erased bytes may remain in it until the next checkpoint"
-                )
-            time.sleep(0.01)
+        truncate_wal(self._db)
+        self._report(self._commits, 0, "truncate", whole=True)
 
     def _checkpoint(self, db: sqlite3.Connection, kind: str) -> None:
         """One PASSIVE checkpoint with nothing of ours committing meanwhile (locked).

@@ -23,11 +23,11 @@ in one transaction.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sqlite3
 
 from demote.capture.codec import conversation_of, decode
+from demote.erase import conversation_hash
 from demote.errors import StoreError
 
 logger = logging.getLogger("demote.capture")
@@ -65,12 +65,6 @@ INDEXES = """
 CREATE INDEX IF NOT EXISTS outbox_conversation ON outbox (conversation);
 CREATE INDEX IF NOT EXISTS dead_letters_conversation ON dead_letters (conversation);
 """
-
-
-def conversation_hash(conversation_id: str) -> str:
-    """How the outbox names a conversation (see the module docstring)."""
-    data = conversation_id.encode("utf-8", "surrogatepass")
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def item_conversation(payload: str) -> str | None:

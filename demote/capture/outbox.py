@@ -72,6 +72,7 @@ from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
 from demote.capture.codec import decode
 from demote.capture.dispatch import RetryPolicy
+from demote.erase import conversation_hash
 from demote.errors import ConfigError, FencedOut, StoreError
 
 __all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
@@ -202,7 +203,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
                 stored.
             StoreError: The write failed.
         """
-        h = None if conversation is None else schema.conversation_hash(conversation)
+        h = None if conversation is None else conversation_hash(conversation)
         with self._lock, _translated(self.path, "put"):
             # One statement, so the fence check and the write are atomic across processes
             # (no fence, no conversation: the NULL compares as false and the row goes in).
@@ -248,7 +249,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         Raises:
             StoreError: The delete or the checkpoint failed.
         """
-        h = schema.conversation_hash(conversation_id)
+        h = conversation_hash(conversation_id)
         with self._lock, _translated(self.path, "erase"):
             with self._transaction():
                 removed = sum(

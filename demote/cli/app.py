@@ -1,9 +1,10 @@
-"""The ``demote`` command line: ``demo``, ``replay``, ``inspect`` and ``search``.
+"""The ``demote`` command line: ``demo``, ``replay``, ``inspect``, ``search`` and ``erase``.
 
 Argument parsing only; each subcommand calls one function of :mod:`demote.cli.demo` or
 :mod:`demote.cli.commands`. Every user error (a bad policy, a missing file, an unreadable
 transcript line, an unknown conversation) is printed as one line, ``demote: error: ...``,
 with exit code 2. Results go to standard output; notes and progress to standard error.
+``erase`` lives in :mod:`demote.cli.erase`; it exits 1 when a tier did not erase.
 """
 
 from __future__ import annotations
@@ -91,8 +92,22 @@ def _search(args: argparse.Namespace) -> None:
     search_archive(sys.stdout, args.archive, args.conversation, args.query, args.k)
 
 
+def _erase(args: argparse.Namespace) -> int:
+    from demote.cli.erase import erase_stores
+
+    report = erase_stores(
+        sys.stdout,
+        args.conversation,
+        state=args.state,
+        archive=args.archive,
+        outbox=args.outbox,
+        wait=args.wait,
+    )
+    return 0 if report.complete else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``demote`` argument parser (subcommands: demo, replay, inspect, search)."""
+    """The ``demote`` argument parser (subcommands: demo, replay, inspect, search, erase)."""
     parser = _Parser(
         prog="demote",
         description="A bounded active window for LangChain and LlamaIndex chats; what falls "
@@ -209,6 +224,26 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("query", help="the text to search for")
     sea.add_argument("-k", type=int, default=5, help="how many messages (default: 5)")
     sea.set_defaults(run=_search)
+
+    era = subs.add_parser(
+        "erase",
+        help="forget a conversation in the state store, archive and outbox",
+        description="Delete one conversation's demotion state, archived messages and queued "
+        "or dead-lettered outbox items, bytes included (secure delete, WAL truncated), after "
+        "waiting for a delivery in flight; print what each tier did. Exit status 0 only if "
+        "every tier erased. The application's own chat history is not in these files.",
+    )
+    era.add_argument("--state", required=True, metavar="state.db", help="an SQLiteStateStore file")
+    era.add_argument("--archive", required=True, metavar="archive.db", help="an SQLiteArchive file")
+    era.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
+    era.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for a delivery in flight (default: the lease time, 30 s)",
+    )
+    era.add_argument("conversation", help="the conversation id")
+    era.set_defaults(run=_erase)
     return parser
 
 
@@ -220,11 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         ``0`` on success, ``2`` for a user error, ``1`` for anything unexpected
-        (set ``DEMOTE_DEBUG=1`` to see its traceback), ``130`` when interrupted.
+        (set ``DEMOTE_DEBUG=1`` to see its traceback) or an incomplete ``erase``,
+        ``130`` when interrupted.
     """
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        status = args.run(args)
     except (DemoteError, OSError) as exc:
         print(f"demote: error: {exc}", file=sys.stderr)
         return 2
@@ -236,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"demote: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

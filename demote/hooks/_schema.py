@@ -1,4 +1,4 @@
-"""The SQLite archive's schema (``PRAGMA user_version = 3``) and its migrations.
+"""The SQLite archive's schema (``PRAGMA user_version = 4``) and its migrations.
 
 ::
 
@@ -14,13 +14,15 @@
     speakers(conversation_id, speaker)                       -- who speaks in each
     vectors(seq AUTOINCREMENT, message UNIQUE, conversation_id, idx, vector BLOB)
     settings(name PRIMARY KEY, value)                        -- which model made the vectors
+    erased(conversation PRIMARY KEY, fence)                  -- the last erase's fencing token
 
 ``adjacent`` holds the text of the messages just before and just after (kept in step as
 neighbours arrive, by :func:`refresh_adjacent`), so a reply is found by the words of the
 question it answers. ``speaker`` (and the ``speakers`` table) come from a context mapping's
 ``"speaker"``. Version 2 files gain ``speaker``, ``adjacent``, the speakers and vector
 tables and a rebuilt full-text index when opened; version 1 files also gain the term
-statistics.
+statistics; files of versions 1 to 3 gain the ``erased`` table (keyed by a hash of the
+conversation id; see :mod:`demote.hooks._erasure`).
 Each migration runs in the opening transaction: it completes or leaves the file as it was.
 """
 
@@ -30,11 +32,11 @@ import sqlite3
 from collections.abc import Iterable
 
 from demote.errors import StoreError
-from demote.hooks import _lexical, _vectors
+from demote.hooks import _erasure, _lexical, _vectors
 
 __all__ = ["VERSION", "create_or_migrate", "refresh_adjacent"]
 
-VERSION = 3
+VERSION = 4
 
 _MESSAGES = """CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL,
@@ -70,6 +72,7 @@ _SCHEMA = (
     *_FTS,
     *_lexical.STATS_SCHEMA,
     *_vectors.SCHEMA,
+    *_erasure.SCHEMA,
 )
 
 # The text of the messages at idx - 1 and idx + 1 (a rewrite may leave two at one index:
@@ -102,7 +105,7 @@ def create_or_migrate(db: sqlite3.Connection) -> None:
         StoreError: The file's schema is newer than this code.
     """
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, 1, 2, VERSION):
+    if version not in (0, 1, 2, 3, VERSION):
         raise StoreError(
             f"archive schema version {version} is not supported (expected at most {VERSION})"
         )

@@ -129,6 +129,11 @@ class VectorIndex:
         with self._lock:
             self._cache.clear()
 
+    def forget(self, conversation_id: str) -> None:
+        """Drop one conversation's cached matrix (it was erased)."""
+        with self._lock:
+            self._cache.pop(conversation_id, None)
+
     def _matrix(self, db: sqlite3.Connection, conversation_id: str, dims: int) -> tuple[Any, Any]:
         np = numpy()
         # Vectors are only ever added, or deleted with their whole conversation (or all

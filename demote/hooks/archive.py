@@ -18,6 +18,12 @@ much of the query they cover and lifted by a matching question before them, fuse
 nearest vectors when the archive has an embedding model (:mod:`demote.hooks._vectors`),
 favouring a speaker the query names, cut to ``k`` hits and a token budget. The scoring is
 pure (:mod:`demote.hooks._rank`), so other stores can give the same answers.
+
+Erase (:meth:`SQLiteArchive.erase`, :mod:`demote.hooks._erasure` explains it): the
+conversation's rows, full-text entries, term statistics and vectors are deleted with
+``secure_delete`` on, the full-text index is merged so no segment keeps its tokens, and
+the WAL is truncated; its fencing token is remembered (by a hash of the id) so a stale
+worker's late batch is refused.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from contextlib import contextmanager
 from typing import Literal, NamedTuple
 
 from demote._closing import Closing
+from demote._wal import truncate_wal
 from demote.embeddings import Embedder, as_embedder
 from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks import _fts, _lexical, _rank, _schema, _search, _vectors
+from demote.hooks import _erasure, _fts, _lexical, _rank, _schema, _search, _vectors
 from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage, Demotion, Recalled
 from demote.tokens import Counter, resolve_counter
@@ -235,6 +242,7 @@ class SQLiteArchive(Closing):
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
         _fts.create_scratch(db)
         # A model call (the dimension probe) before the write lock, not under it.
         embedder = self._embedder
@@ -311,6 +319,8 @@ class SQLiteArchive(Closing):
             EmbeddingError: The model failed (nothing is stored).
             EmbeddingModelChanged: The model's vectors no longer have the stored
                 dimensions (nothing is stored).
+            FencedOut: ``batch.fence`` is older than the conversation's last erase (a
+                worker whose lease the erase revoked); nothing is stored.
             StoreError: SQLite failed; nothing of the batch is stored.
         """
         conversation_id = _check_id(batch.conversation_id)
@@ -329,6 +339,7 @@ class SQLiteArchive(Closing):
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
                 dims = len(embedded[0])
         with self._transaction("store a demotion") as db:
+            _erasure.check_fence(db, conversation_id, batch.fence)
             insert = (
                 "INSERT OR IGNORE INTO messages "
                 "(conversation_id, idx, role, text, context, key, scope, speaker) "
@@ -520,15 +531,52 @@ class SQLiteArchive(Closing):
             ).fetchall()
         return [conversation_id for (conversation_id,) in rows]
 
-    def delete(self, conversation_id: str) -> int:
-        """Remove every stored message of ``conversation_id``; returns how many."""
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Delete every stored message of ``conversation_id``, bytes included.
+
+        Its rows, full-text entries, term statistics, speakers and vectors go, with
+        ``secure_delete`` on; the full-text index is merged so that no old segment keeps
+        its words, and the WAL is checkpointed and truncated, so the text survives
+        neither in the file nor in the WAL (see :mod:`demote.hooks._erasure`).
+        :meth:`demote.Demoter.erase` calls this for an archive behind its hook.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token: a later batch of the conversation carrying
+                an older one is refused (:class:`~demote.errors.FencedOut`).
+            keys: Unused (rows are found by conversation); part of the tier protocol.
+
+        Returns:
+            How many messages were deleted.
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            StoreError: SQLite failed (nothing was deleted), or the WAL stayed busy (another
+                connection reading): the rows are deleted but their bytes may remain in
+                the WAL until the next checkpoint; erase again to retry.
+        """
         conversation_id = _check_id(conversation_id)
-        with self._transaction("delete a conversation") as db:
-            _lexical.drop_terms(db, conversation_id)
-            cursor = db.execute(
-                "DELETE FROM messages WHERE conversation_id = ?", (conversation_id,)
-            )
-            return cursor.rowcount
+        with self._transaction("erase a conversation") as db:
+            removed = _erasure.erase_rows(db, conversation_id, fence)
+        self._searcher.vectors.forget(conversation_id)
+        with self._locked("truncate the WAL after an erase") as db:
+            truncate_wal(db)
+        return removed
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """:meth:`erase` for async callers (the SQLite work runs in a worker thread)."""
+        return await asyncio.to_thread(self.erase, conversation_id, fence=fence, keys=keys)
+
+    def delete(self, conversation_id: str) -> int:
+        """Remove every stored message of ``conversation_id``; returns how many.
+
+        The same as :meth:`erase` without a fencing token.
+        """
+        return self.erase(conversation_id)
 
     def close(self) -> None:
         """Close the connection; further calls raise :class:`StoreError`. Idempotent."""

@@ -12,6 +12,11 @@ transaction, so the lease check, the comparison, the write and the release happe
 step across processes. Reads are one statement. Conversation ids are only ever bound as
 query parameters.
 
+Erase: the connection runs with ``secure_delete`` on, so a deleted state (its summary,
+its id) is overwritten in the file rather than left in free space, and a delete (what
+:meth:`demote.Demoter.erase` and ``forget`` call) ends with a ``TRUNCATE`` checkpoint, so
+it does not survive in the WAL either.
+
 The async twins run the sync methods on the store's own single worker thread (not the
 event loop's default executor): a call takes tens of microseconds, the thread keeps them
 off the loop all the same.
@@ -30,6 +35,7 @@ from typing import TypeVar
 
 from demote._sqlite_kind import check_kind
 from demote._validate import seconds
+from demote._wal import truncate_wal
 from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
@@ -94,9 +100,16 @@ _DROP_LEASE = "DELETE FROM demote_lease WHERE conversation_id = ? AND holder = ?
 _COUNT = "SELECT COUNT(*) FROM demote_state"
 
 
-def _op(begin: str | None, work: Callable[[sqlite3.Connection], T]) -> Op[T]:
-    """``work`` on the connection, in a write transaction if ``begin``, else as is."""
-    return Op((begin, work), _same)
+def _op(
+    begin: str | None,
+    work: Callable[[sqlite3.Connection], T],
+    after: Callable[[sqlite3.Connection], object] | None = None,
+) -> Op[T]:
+    """``work`` on the connection, in a write transaction if ``begin``, else as is.
+
+    ``after`` runs once that is committed (outside the transaction).
+    """
+    return Op((begin, work, after), _same)
 
 
 def _same(result: T) -> T:
@@ -135,6 +148,7 @@ class SQLiteStateStore(OpStore):
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
             self._migrate()
         except BaseException as exc:
             self._db.close()
@@ -203,9 +217,13 @@ class SQLiteStateStore(OpStore):
     # _arun on the store's own thread.
 
     def _run(self, op: Op[T]) -> T:
-        begin, work = op.request
+        begin, work, after = op.request
         with self._tx(begin) as db:
-            return op.finish(work(db))
+            result = op.finish(work(db))
+        if after is not None:
+            with self._tx(None) as db:
+                after(db)
+        return result
 
     async def _arun(self, op: Op[T]) -> T:
         return await self._worker.run(self._run, op)
@@ -262,7 +280,7 @@ class SQLiteStateStore(OpStore):
             db.execute("DELETE FROM demote_state WHERE conversation_id = ?", (cid,))
             db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
 
-        return _op(_WRITE, delete)
+        return _op(_WRITE, delete, truncate_wal)  # the deleted bytes leave the WAL too
 
     def _count_op(self) -> Op[int]:
         return _op(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,7 @@ class RecordingHook:
 
     def __init__(self) -> None:
         self.batches: list[Demotion] = []
+        self.erased_keys: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
     def deliver(self, batch: Demotion) -> None:
@@ -76,6 +78,16 @@ class RecordingHook:
     def clear(self) -> None:
         with self._lock:
             self.batches.clear()
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Forget one conversation's batches (a tier of :meth:`demote.Demoter.erase`)."""
+        with self._lock:
+            self.erased_keys[conversation_id] = list(keys or ())
+            gone = self.records(conversation_id)
+            self.batches = [b for b in self.batches if b.conversation_id != conversation_id]
+        return len(gone)
 
 
 #: The policies every bound test runs under (id -> policy).
@@ -232,6 +244,43 @@ class DemotingMemoryContract:
         hook.clear()
         _script(driver, hook, 8, "after")  # demotion starts over from index 0
         assert all("after" in text for _, text, _, _ in hook.records())
+
+    def test_erase_forgets_the_long_tail_too_and_clear_does_not(
+        self, make_driver: MakeDriver, hook: RecordingHook, state: StateStore, flavour: Flavour
+    ) -> None:
+        policy = SlidingWindow.last_messages(4)
+        driver = make_driver(policy, hook, state, "era", flavour=flavour)
+        other = make_driver(policy, hook, state, "keep", flavour=flavour)
+        _script(driver, hook, 6, "first")
+        _script(other, hook, 6, "kept")
+        kept, kept_window = hook.records("keep"), other.window()
+        driver.clear()
+        assert hook.records("era"), "clear keeps what the long tail holds"
+        hook.erase("era")
+        _script(driver, hook, 6, "second")
+        history = driver.all()
+        report = driver.erase()
+        assert report.complete and report.state and report.inner == len(history) == 12
+        assert [t.tier for t in report.tiers] == ["RecordingHook"]
+        assert report.tiers[0].removed == 8
+        assert len(hook.erased_keys["era"]) == 12, "the history's keys reached the tier"
+        assert hook.records("era") == [] and driver.all() == [] and driver.window() == []
+        assert driver.demoter.state.get("era") is None
+        assert hook.records("keep") == kept and other.window() == kept_window
+        _script(driver, hook, 6, "third")  # a new conversation under the same id
+        assert [i for _, _, i, _ in hook.records("era")] == list(range(8))
+
+    def test_erase_can_keep_the_inner_store(
+        self, make_driver: MakeDriver, hook: RecordingHook, state: StateStore, flavour: Flavour
+    ) -> None:
+        driver = make_driver(SlidingWindow.last_messages(4), hook, state, "kp", flavour=flavour)
+        _script(driver, hook, 5, "kp")
+        history = driver.all()
+        report = driver.erase(inner=False)
+        assert report.complete and report.inner is None
+        assert driver.all() == history and hook.records("kp") == []
+        check_window(driver, hook)  # the next read demotes the history again, from 0
+        assert [i for _, _, i, _ in hook.records("kp")] == list(range(6))
 
     # -- window bounds --------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from demote import Demoter, SlidingWindow, StateStore
+from demote.erase import EraseReport
 
 Pair = tuple[str, str]
 Flavour = Literal["sync", "async"]
@@ -49,6 +50,9 @@ class MemoryDriver(Protocol):
 
     def clear(self) -> None:
         """Clear the memory (inner store and demotion state)."""
+
+    def erase(self, *, inner: bool = True) -> EraseReport:
+        """Erase the conversation (the adapter's ``erase``/``aerase``)."""
 
 
 class MakeDriver(Protocol):

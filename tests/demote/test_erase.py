@@ -154,3 +154,43 @@ def test_erase_needs_both_messages_and_describe() -> None:
     d = Demoter(LAST2)
     with pytest.raises(ConfigError, match="describe"):
         d.erase("c", messages=chat(2))
+
+
+def test_also_erases_another_holder_after_the_hook_with_the_same_fence_and_keys() -> None:
+    store = InMemoryStateStore()
+    hook, capture = Tier(), Tier()
+    d = Demoter(LAST2, hook, state=store)
+    Demoter(LAST2, hook, state=store)  # a second one sharing the store: leases, fences
+    msgs = chat(6, "c")
+    d.load("c", msgs, describer(d))
+    capture.rows["k"] = ("c", 0)  # what a capture sink (mem0's extractor) holds of it
+    capture.rows["j"] = ("other", 0)
+    report = d.erase("c", messages=msgs, describe=describer(d), also=(FanOutHook(capture),))
+    assert report.tiers == (
+        TierReport("Tier", "erased", 4),
+        TierReport("FanOutHook[0].Tier", "erased", 1),
+    )
+    assert capture.of("c") == [] and capture.of("other") == [0]
+    assert capture.erased_keys == hook.erased_keys and len(hook.erased_keys) == 6
+    assert capture.erased_at["c"] == hook.erased_at["c"] > 0
+
+
+def test_conversation_hash_names_a_conversation_without_its_id() -> None:
+    from demote.erase import conversation_hash
+
+    h = conversation_hash("user-42")
+    assert len(h) == 32 and "user-42" not in h and h == conversation_hash("user-42")
+    assert h != conversation_hash("user-43")
+    assert len(conversation_hash("\ud800")) == 32  # a lone surrogate hashes too
+
+
+def test_keys_given_reach_the_tiers_with_those_derived_from_the_messages() -> None:
+    tier = Tier()
+    d = Demoter(LAST2, tier)
+    msgs = chat(4, "c")
+    d.load("c", msgs, describer(d))
+    d.erase("c", keys=["pruned-1", "pruned-2"])
+    assert tier.erased_keys == ["pruned-1", "pruned-2"]
+    derived = [make_key("c", i, describer(d)(m).fingerprint) for i, m in enumerate(msgs)]
+    d.erase("c", messages=msgs, describe=describer(d), keys=[derived[0], "pruned-1"])
+    assert tier.erased_keys == [*derived, "pruned-1"]

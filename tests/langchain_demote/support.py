@@ -26,6 +26,7 @@ from langchain_core.outputs import ChatResult
 from pydantic import Field
 
 from demote import Demoter, SlidingWindow, StateStore
+from demote.erase import EraseReport
 from langchain_demote import DemotingChatMessageHistory
 from langchain_demote.messages import message_role, message_text
 from tests.conformance.driver import Flavour, Pair
@@ -110,6 +111,11 @@ class LangChainDriver:
             self.history.clear()
         else:
             asyncio.run(self.history.aclear())
+
+    def erase(self, *, inner: bool = True) -> EraseReport:
+        if self.flavour == "sync":
+            return self.history.erase(inner=inner)
+        return asyncio.run(self.history.aerase(inner=inner))
 
 
 def inner_for(conversation_id: object, persist: Path | None) -> BaseChatMessageHistory:

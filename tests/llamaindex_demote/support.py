@@ -15,6 +15,7 @@ from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote import Demoter, SlidingWindow, StateStore
+from demote.erase import EraseReport
 from llamaindex_demote import DemotingMemory, from_core
 from llamaindex_demote.messages import core_role, text_of
 from tests.conformance.driver import Flavour, Pair
@@ -111,11 +112,11 @@ class LlamaIndexDriver:
         self.conversation_id = memory.chat_store_key
         self.flavour = flavour
 
-    def _call(self, name: str, *args: Any) -> Any:
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self.flavour == "sync":
-            result = getattr(self.memory, name)(*args)
+            result = getattr(self.memory, name)(*args, **kwargs)
         else:
-            result = asyncio.run(getattr(self.memory, "a" + name)(*args))
+            result = asyncio.run(getattr(self.memory, "a" + name)(*args, **kwargs))
         return result
 
     def add(self, pairs: list[Pair]) -> None:
@@ -132,6 +133,10 @@ class LlamaIndexDriver:
 
     def clear(self) -> None:
         self._call("reset")
+
+    def erase(self, *, inner: bool = True) -> EraseReport:
+        report: EraseReport = self._call("erase", inner=inner)
+        return report
 
 
 def make_llamaindex_driver(

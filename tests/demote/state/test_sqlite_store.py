@@ -172,3 +172,29 @@ def test_async_twins_run_on_the_stores_own_thread(tmp_path: Path) -> None:
         asyncio.run(main())
     assert len(seen) == 5 and len(set(seen)) == 1
     assert seen[0].startswith("demote-sqlite-state"), seen
+
+
+def test_a_deleted_state_leaves_no_bytes_in_the_file_or_the_wal(tmp_path: Path) -> None:
+    from tests.demote.capture.test_capture_erase import leaks
+
+    path = tmp_path / "state.db"
+    secret = "quokka7741summary"
+    with SQLiteStateStore(path) as store, SQLiteStateStore(path) as other:
+        summary = ConversationState(window_start=4, delivered=4, summary=f"code {secret}")
+        assert store.compare_and_set("tenant-9931", None, summary)
+        assert other.compare_and_set("kept", None, S2)
+        assert leaks(path, secret) and leaks(path, "tenant-9931")
+        store.delete("tenant-9931")
+        assert leaks(path, secret) == [] and leaks(path, "tenant-9931") == []
+        assert (tmp_path / "state.db-wal").stat().st_size == 0
+        assert other.get("kept") == S2 and other.get("tenant-9931") is None
+
+
+async def test_adelete_truncates_the_wal_too(tmp_path: Path) -> None:
+    from tests.demote.capture.test_capture_erase import leaks
+
+    path = tmp_path / "state.db"
+    with SQLiteStateStore(path) as store:
+        await store.acompare_and_set("c", None, ConversationState(summary="zebra5522secret"))
+        await store.adelete("c")
+        assert leaks(path, "zebra5522secret") == []

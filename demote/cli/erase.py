@@ -1,0 +1,145 @@
+"""What ``demote erase`` does: forget one conversation in demote's SQLite files.
+
+It builds a :class:`~demote.Demoter` over the given state store with the archive as its
+hook and the outbox as one more tier, and runs :meth:`demote.Demoter.erase`: it waits for
+a delivery in flight (up to ``--wait`` seconds) through the state store's lease, deletes
+the conversation's state, archived messages and queued items (bytes included: see
+:mod:`demote.erase`), and prints what each tier did. The application's own chat history
+(the inner store) is not in these files and is left alone.
+
+Every file is checked before any is opened for writing: it must exist and be an SQLite
+file of the kind its option names (a state store, an archive, an outbox), read-only, so a
+mistaken option never adds tables to another component's file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+from typing import IO
+
+from demote.cli._table import table
+from demote.engine import Demoter
+from demote.erase import EraseReport
+from demote.errors import ConfigError
+from demote.hooks.archive import SQLiteArchive
+from demote.policy import SlidingWindow
+from demote.state.sqlite import APPLICATION_ID, SQLiteStateStore
+
+__all__ = ["erase_stores", "file_kind"]
+
+_KINDS = {"--state": "state store", "--archive": "archive", "--outbox": "outbox"}
+
+
+def file_kind(path: str | os.PathLike[str]) -> str:
+    """What demote file ``path`` is, read-only (nothing is written).
+
+    Returns:
+        ``"state store"``, ``"archive"``, ``"outbox"``, or what it is instead.
+
+    Raises:
+        ConfigError: ``path`` is not a file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file")
+    try:
+        db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            (app,) = db.execute("PRAGMA application_id").fetchone()
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        return f"not an SQLite database ({exc})"
+    if app == APPLICATION_ID or "demote_state" in tables:
+        return "state store"
+    if {"messages", "messages_fts"} <= tables:
+        return "archive"
+    if {"outbox", "dead_letters"} <= tables:
+        return "outbox"
+    return "an SQLite file of something else" if tables else "an empty SQLite file"
+
+
+def _check(option: str, path: str | os.PathLike[str]) -> Path:
+    kind = file_kind(path)
+    if kind != _KINDS[option]:
+        raise ConfigError(f"{option} {path}: not a demote {_KINDS[option]} (it is {kind})")
+    return Path(path)
+
+
+def erase_stores(
+    out: IO[str],
+    conversation: str,
+    *,
+    state: str | os.PathLike[str],
+    archive: str | os.PathLike[str],
+    outbox: str | os.PathLike[str] | None = None,
+    wait: float | None = None,
+    err: IO[str] | None = None,
+) -> EraseReport:
+    """Erase ``conversation`` from a state store, an archive and an outbox; print the report.
+
+    Args:
+        out: Where the report goes.
+        conversation: The conversation id.
+        state: The :class:`~demote.SQLiteStateStore` file.
+        archive: The :class:`~demote.hooks.archive.SQLiteArchive` file.
+        outbox: The :class:`~demote.SQLiteOutbox` file, if the application has one.
+        wait: Seconds to wait for a delivery in flight (the state store's lease time,
+            30 s, by default).
+        err: Where notes go (standard error by default).
+
+    Returns:
+        The report; :attr:`~demote.erase.EraseReport.complete` says whether every tier
+        erased (the command's exit status).
+
+    Raises:
+        ConfigError: A file is missing or of the wrong kind, or two options name one file.
+        ConversationIdError: The conversation id is unusable.
+    """
+    given = {"--state": state, "--archive": archive, "--outbox": outbox}
+    paths = {option: _check(option, p) for option, p in given.items() if p is not None}
+    if len({p.resolve() for p in paths.values()}) < len(paths):
+        raise ConfigError("--state, --archive and --outbox must name different files")
+    from demote.capture.outbox import SQLiteOutbox
+
+    with (
+        SQLiteStateStore(paths["--state"]) as st,
+        SQLiteArchive(paths["--archive"]) as ar,
+        Demoter(SlidingWindow.last_messages(1), ar, state=st) as demoter,
+    ):
+        box = SQLiteOutbox(paths["--outbox"]) if "--outbox" in paths else None
+        try:
+            known = st.get(conversation) is not None or ar.count(conversation) > 0
+            report = demoter.erase(conversation, wait=wait, also=() if box is None else (box,))
+        finally:
+            if box is not None:
+                box.close()
+    _print(out, sys.stderr if err is None else err, report, known)
+    return report
+
+
+def _print(out: IO[str], err: IO[str], report: EraseReport, known: bool) -> None:
+    rows = [["tier", "status", "removed"], ["state", "deleted" if report.state else "kept", "-"]]
+    for t in report.tiers:
+        rows.append([t.tier, t.status, "-" if t.removed is None else str(t.removed)])
+    out.write(f"erase {report.conversation_id!r}\n")
+    out.write("\n".join("  " + line for line in table(rows, text_columns=2)) + "\n")
+    for t in report.tiers:
+        if t.error:
+            out.write(f"{t.tier}: {t.error}\n")
+    if report.took_over:
+        out.write(
+            "a delivery in flight did not end within --wait: its lease was revoked and it "
+            "is refused by the archive and the outbox; erase again once it has ended\n"
+        )
+    out.write("complete\n" if report.complete else "incomplete: see the tiers above; erase again\n")
+    if not known and all(t.removed == 0 for t in report.tiers):
+        err.write(f"demote erase: note: {report.conversation_id!r} was in none of the files\n")
+    err.write(
+        "demote erase: the application's own chat history (its inner store) is not in these "
+        "files; erase it there too (the adapters' erase() does both)\n"
+    )

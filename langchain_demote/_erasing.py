@@ -1,0 +1,88 @@
+"""Erasing an agent's conversation: its LangGraph thread, its demotion state, its long tail.
+
+``DemotingMiddleware.erase`` runs :func:`demote._erase_flow.erase_conversation` with the
+thread as the inner store: the messages are read from the thread's latest checkpoint
+(at their absolute positions: with ``prune_state=True`` the pruned prefix is counted, so
+the dedup keys of the kept messages are the ones they were delivered under), then the
+thread is deleted through the checkpointer's ``delete_thread`` (every checkpoint of it,
+in every namespace), then the engine erases the state and every tier.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import BaseMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+
+from demote._erase_flow import Twin, erase_conversation
+from demote._flow import Flow
+from demote.erase import EraseReport
+from demote.errors import ConfigError
+from demote.state.base import validate_conversation_id
+from langchain_demote._pruning import PRUNED_KEY
+
+if TYPE_CHECKING:
+    from langchain_demote.middleware import DemotingMiddleware
+
+__all__ = ["erase_thread", "thread_messages"]
+
+
+def thread_messages(saved: CheckpointTuple | None) -> list[tuple[int, BaseMessage]]:
+    """The thread's messages at their absolute positions (the pruned prefix skipped)."""
+    if saved is None:
+        return []
+    values: dict[str, Any] = saved.checkpoint.get("channel_values", {})
+    messages = [m for m in values.get("messages", []) if isinstance(m, BaseMessage)]
+    pruned = values.get(PRUNED_KEY) or {"pinned": 0, "removed": 0}
+    pinned, removed = int(pruned["pinned"]), int(pruned["removed"])
+    return [(i if i < pinned else i + removed, m) for i, m in enumerate(messages)]
+
+
+def erase_thread(
+    middleware: DemotingMiddleware,
+    thread_id: str,
+    checkpointer: BaseCheckpointSaver[Any] | None,
+    conversation_id: str | None,
+    wait: float | None,
+) -> Flow[EraseReport]:
+    """The erase flow of one agent conversation (see the module docstring).
+
+    Raises:
+        ConfigError: The middleware names conversations with a ``conversation_id``
+            callable and no ``conversation_id`` was given, or ``checkpointer`` is not a
+            LangGraph checkpointer.
+    """
+    if conversation_id is None and middleware.conversation_id is not None:
+        raise ConfigError(
+            "erase: this middleware names conversations with conversation_id=...; "
+            "pass the conversation's id: erase(thread_id, conversation_id=...)"
+        )
+    cid = validate_conversation_id(thread_id if conversation_id is None else conversation_id)
+    demoter, describe = middleware.demoter, middleware._describe
+    if checkpointer is None:
+        return erase_conversation(
+            demoter, cid, describe, read=Twin(list, _nothing), clear=None, wait=wait
+        )
+    if not isinstance(checkpointer, BaseCheckpointSaver):
+        raise ConfigError(f"checkpointer: expected a LangGraph checkpointer, got {checkpointer!r}")
+    config: Any = {"configurable": {"thread_id": thread_id}}
+
+    def held() -> list[tuple[int, BaseMessage]]:
+        return thread_messages(checkpointer.get_tuple(config))
+
+    async def aheld() -> list[tuple[int, BaseMessage]]:
+        return thread_messages(await checkpointer.aget_tuple(config))
+
+    return erase_conversation(
+        demoter,
+        cid,
+        describe,
+        read=Twin(held, aheld),
+        clear=Twin(checkpointer.delete_thread, checkpointer.adelete_thread, (thread_id,)),
+        wait=wait,
+    )
+
+
+async def _nothing() -> list[tuple[int, BaseMessage]]:
+    return []
