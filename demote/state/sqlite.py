@@ -146,7 +146,7 @@ class SQLiteStateStore(OpStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._wal(timeout)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
             self._migrate()
@@ -155,6 +155,19 @@ class SQLiteStateStore(OpStore):
             if isinstance(exc, sqlite3.Error):
                 raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
             raise
+
+    def _wal(self, timeout: float) -> None:
+        """Switch to WAL; another process switching it at once makes SQLite answer
+        "locked" without waiting, so this waits (up to ``timeout``) and tries again."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     def _migrate(self) -> None:
         """Bring the file to :data:`SCHEMA_VERSION` (one transaction; no-op if there)."""
