@@ -1,11 +1,12 @@
 """What one model call's preparation yields and returns (``DemotingMiddleware``).
 
-The middleware's preparation is a generator (shared by ``wrap_model_call`` and
-``awrap_model_call``, STYLE.md habit 2) that yields its I/O as the operations below; each
-has a blocking ``run_sync`` and an awaited ``run_async``, run by
-:func:`demote._flow.drive_sync` and :func:`demote._flow.drive_async`. It returns a
-:class:`Prepared`: the request to hand on, the state update to return with the response,
-the events to report in the run, and the metadata to put on the model call's run.
+The middleware's preparation is a generator, shared by ``wrap_model_call`` and
+``awrap_model_call`` so each piece of logic is written once for sync and async, that
+yields its I/O as the operations below; each has a blocking ``run_sync`` and an awaited
+``run_async``, run by :func:`demote._flow.drive_sync` and :func:`demote._flow.drive_async`.
+It returns a :class:`Prepared`: the request to hand on, the state update to return with
+the response, the events to report in the run, and the metadata to put on the model
+call's run.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ were cut (``cut``: demoted or pending, not sent), the thread's length (``total``
 Sync and async share all of this: :meth:`DemotingMiddleware._prepare` is a generator that
 yields its I/O operations (the load, the recall search, the pruned prefix's re-seeding;
 see :mod:`langchain_demote._preparation`) and two short drivers run it, one blocking, one
-awaiting (STYLE.md, habit 2).
+awaiting, so no logic is written twice.
 
 Erasing (:meth:`DemotingMiddleware.erase`): the thread is deleted through the
 checkpointer, then the demotion state and every tier behind the hook

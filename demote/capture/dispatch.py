@@ -51,7 +51,7 @@ class _Stop:
 
 
 STOP: Final = _Stop()
-"""Pushed by ``close`` behind everything queued before it (pikuri's sentinel)."""
+"""Pushed by ``close`` behind everything queued before it: the worker stops on reaching it."""
 
 
 @dataclass(frozen=True, slots=True)

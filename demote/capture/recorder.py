@@ -1,9 +1,8 @@
 """Recorder and AsyncRecorder: hand work to a slow sink without waiting for it.
 
-The Python counterpart of pikuri's ``Pikuri::Memory::Recorder``, made safe against the
-failure it accepts (a crash loses queued work: here an optional outbox makes the queue
-durable) and the race others hit (hermes-agent #92458: an exit-time flush racing the
-worker stored every turn twice: here only the worker ever delivers).
+Two failures shape it: a crash loses what was only queued in memory (here an optional
+outbox makes the queue durable), and a flush at exit that delivers what is queued while
+the worker is still running delivers items twice (here only the worker ever delivers).
 
 Theory of operation:
 

@@ -157,8 +157,10 @@ class SQLiteStateStore(OpStore):
             raise
 
     def _wal(self, timeout: float) -> None:
-        """Switch to WAL; another process switching it at once makes SQLite answer
-        "locked" without waiting, so this waits (up to ``timeout``) and tries again."""
+        """Switch to WAL, waiting up to ``timeout`` for another process doing the same.
+
+        SQLite answers "locked" at once there, without its busy handler.
+        """
         deadline = time.monotonic() + timeout
         while True:
             try:
