@@ -29,10 +29,24 @@ for _name, _value in (
 ):
     os.environ.setdefault(_name, _value)
 
-from bench import cache_cost, capture_scale, fleet, recall_locomo, turn_cost  # noqa: E402
+from bench import (  # noqa: E402
+    cache_cost,
+    capture_scale,
+    fleet,
+    pg_archive,
+    recall_locomo,
+    turn_cost,
+)
 from bench.common import RESULTS  # noqa: E402
 
-SECTIONS = {"1": "turn_cost", "2": "cache_cost", "3": "recall", "4": "capture", "5": "fleet"}
+SECTIONS = {
+    "1": "turn_cost",
+    "2": "cache_cost",
+    "3": "recall",
+    "4": "capture",
+    "5": "fleet",
+    "6": "pg_archive",  # skipped, and says why, without PostgreSQL
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -72,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         elif name == "fleet":
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "pg_archive":
+            payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
+            print(pg_archive.report(payload))
         else:
             print(
                 recall_locomo.report(

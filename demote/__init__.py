@@ -31,6 +31,7 @@ from demote.errors import (
 )
 from demote.events import ConversationStats, DemoteEvent, DemoterStats
 from demote.hooks.archive import SQLiteArchive
+from demote.hooks.postgres_archive import PostgresArchive
 from demote.hooks.simple import CallbackHook, FanOutHook, NoopHook
 from demote.planner import Plan, plan
 from demote.policy import Bulk, Compact, PerItem, SlidingWindow
@@ -92,6 +93,7 @@ __all__ = [
     "NoopHook",
     "PerItem",
     "Plan",
+    "PostgresArchive",
     "PostgresStateStore",
     "Recalled",
     "Recorder",

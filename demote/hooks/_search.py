@@ -31,21 +31,49 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
 
 from demote.errors import ConfigError
 from demote.hooks import _fts, _lexical, _rank, _vectors
 from demote.hooks._fts import query_terms
 from demote.records import Recalled
 
-__all__ = ["Request", "Searcher", "scope"]
+__all__ = ["Dense", "Lexical", "Need", "Request", "RowsAt", "Searcher", "Speakers", "scope"]
 
 
 def scope(conversation_id: str) -> str:
     """The conversation's scope token: one alphanumeric token, whatever the id holds."""
     return "c" + hashlib.blake2b(conversation_id.encode("utf-8"), digest_size=16).hexdigest()
+
+
+class Speakers(NamedTuple):
+    """Need: the speakers named in the conversation's stored contexts (``list[str]``)."""
+
+
+class Lexical(NamedTuple):
+    """Need: the lexical scores by index and the candidate rows (``_lexical.score``)."""
+
+    terms: list[str]
+    k: int
+
+
+class Dense(NamedTuple):
+    """Need: the ``n`` nearest stored vectors to ``vector``, cosine by index."""
+
+    vector: Sequence[float]
+    n: int
+
+
+class RowsAt(NamedTuple):
+    """Need: the stored messages at ``indexes`` (``list[Candidate]``, BM25 score 0)."""
+
+    indexes: frozenset[int]
+
+
+#: What a search asks of the store it runs on (see :meth:`Searcher.flow`).
+Need = Speakers | Lexical | Dense | RowsAt
 
 
 class Request(NamedTuple):
@@ -68,8 +96,8 @@ class Searcher:
     dense_weight: float
     count: Callable[[str], int]
     stop_words: Collection[str]
-    stems: _fts.Stems
-    vectors: _vectors.VectorIndex
+    stems: _fts.Stems = field(default_factory=_fts.Stems)
+    vectors: _vectors.VectorIndex = field(default_factory=_vectors.VectorIndex)
 
     def request(
         self,
@@ -94,33 +122,65 @@ class Searcher:
             return None
         return Request(conversation_id, query, terms, k, budget)
 
+    def flow(
+        self, request: Request, vector: Sequence[float] | None
+    ) -> Generator[Need, Any, list[Recalled]]:
+        """One search as a generator of the store reads it needs.
+
+        It yields what it needs from the store (a :data:`Need`), is sent the answer, and
+        returns the hits. Every archive answers the same needs from its own storage
+        (:meth:`lookup` for SQLite), so the ranking around them is written once.
+        """
+        terms, k, budget = request.terms, request.k, request.budget
+        after = self.ranking.after
+        named: set[str] = set()
+        if self.speaker_weight > 0:
+            named = _rank.named_speakers(terms, (yield Speakers()))
+        scores: dict[int, float] = {}
+        rows: list[_rank.Candidate] = []
+        if terms:
+            scores, rows = yield Lexical(terms, k)
+        if vector is not None:
+            dense = yield Dense(vector, max(self.ranking.pool, k))
+            scores = self.fuse(scores, dense)
+        by_index = {r.index: r for r in reversed(rows)}
+        wanted = {i + d for i in scores for d in range(after + 1)} - by_index.keys()
+        if wanted:
+            by_index.update((r.index, r) for r in (yield RowsAt(frozenset(wanted))))
+        scores = _rank.favour_speakers(scores, by_index, named, self.speaker_weight)
+        return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self.count)
+
     def lookup(
         self, db: sqlite3.Connection, request: Request, vector: Sequence[float] | None
     ) -> list[Recalled]:
         """Run ``request`` on ``db`` (inside a transaction) with the query's ``vector``."""
-        conversation_id, _, terms, k, budget = request
-        after = self.ranking.after
-        named: set[str] = set()
-        if self.speaker_weight > 0:
-            named = _rank.named_speakers(terms, _lexical.speakers(db, conversation_id))
-        scores: dict[int, float] = {}
-        rows: list[_rank.Candidate] = []
-        if terms:
-            tokens = self.stems(db, terms)
-            scores, rows = _lexical.score(
-                db, conversation_id, scope(conversation_id), terms, tokens, self.ranking, k
-            )
-        if vector is not None:
-            dense = self.vectors.top(db, conversation_id, vector, max(self.ranking.pool, k))
-            scores = self._fuse(scores, dense)
-        by_index = {r.index: r for r in reversed(rows)}
-        wanted = {i + d for i in scores for d in range(after + 1)} - by_index.keys()
-        if wanted:
-            by_index.update((r.index, r) for r in _lexical.rows_at(db, conversation_id, wanted))
-        scores = _rank.favour_speakers(scores, by_index, named, self.speaker_weight)
-        return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self.count)
+        conversation_id = request.conversation_id
+        steps = self.flow(request, vector)
+        reply: Any = None
+        while True:
+            try:
+                need = steps.send(reply)
+            except StopIteration as stop:
+                return list(stop.value)
+            if isinstance(need, Speakers):
+                reply = _lexical.speakers(db, conversation_id)
+            elif isinstance(need, Lexical):
+                reply = _lexical.score(
+                    db,
+                    conversation_id,
+                    scope(conversation_id),
+                    need.terms,
+                    self.stems(db, need.terms),
+                    self.ranking,
+                    need.k,
+                )
+            elif isinstance(need, Dense):
+                reply = self.vectors.top(db, conversation_id, need.vector, need.n)
+            else:
+                reply = _lexical.rows_at(db, conversation_id, need.indexes)
 
-    def _fuse(self, lexical: dict[int, float], dense: dict[int, float]) -> dict[int, float]:
+    def fuse(self, lexical: dict[int, float], dense: dict[int, float]) -> dict[int, float]:
+        """The lexical and dense scores combined by the archive's fusion."""
         if not lexical or not dense:
             return lexical or dense
         if self.fusion == "rrf":

@@ -22,7 +22,16 @@ from typing import Any
 
 from demote.errors import EmbeddingModelChanged, MissingExtraError
 
-__all__ = ["SCHEMA", "VectorIndex", "check_model", "numpy", "record_model"]
+__all__ = [
+    "SCHEMA",
+    "VectorIndex",
+    "check_model",
+    "compare_model",
+    "nearest",
+    "numpy",
+    "pack",
+    "record_model",
+]
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS vectors (
@@ -51,6 +60,41 @@ def _setting(db: sqlite3.Connection, name: str) -> str | None:
     return None if row is None else str(row[0])
 
 
+def compare_model(
+    stored_name: str | None, stored_dims: int | None, name: str, dims: int | None, reembed: bool
+) -> bool:
+    """Whether the stored vectors were made by another model than the configured one.
+
+    Args:
+        stored_name: The name recorded with the stored vectors (``None``: none stored).
+        stored_dims: Their recorded dimensions, if any.
+        name: The configured model's name.
+        dims: Its dimensions, if known.
+        reembed: On a mismatch, answer ``True`` (the caller deletes every stored vector,
+            to embed again) instead of refusing.
+
+    Raises:
+        EmbeddingModelChanged: Another model made the stored vectors and not ``reembed``.
+    """
+    if stored_name is None:
+        return False
+    changed = []
+    if stored_name != name:
+        changed.append(f"model {stored_name!r}, now {name!r}")
+    if dims is not None and stored_dims is not None and stored_dims != dims:
+        changed.append(f"{stored_dims} dimensions, now {dims}")
+    if not changed:
+        return False
+    if not reembed:
+        raise EmbeddingModelChanged(
+            "the archive's vectors were made by another embedding model ("
+            + "; ".join(changed)
+            + "); open it with that model, or pass on_model_change='reembed' to embed "
+            "every stored message again"
+        )
+    return True
+
+
 def check_model(db: sqlite3.Connection, name: str, dims: int | None, reembed: bool) -> bool:
     """Compare the configured model with the one that made the stored vectors.
 
@@ -67,23 +111,8 @@ def check_model(db: sqlite3.Connection, name: str, dims: int | None, reembed: bo
     Raises:
         EmbeddingModelChanged: Another model made the stored vectors and not ``reembed``.
     """
-    stored_name, stored_dims = _setting(db, "embedding_model"), _setting(db, "embedding_dims")
-    if stored_name is None:
+    if not compare_model(_setting(db, "embedding_model"), stored_dims(db), name, dims, reembed):
         return False
-    changed = []
-    if stored_name != name:
-        changed.append(f"model {stored_name!r}, now {name!r}")
-    if dims is not None and stored_dims is not None and int(stored_dims) != dims:
-        changed.append(f"{stored_dims} dimensions, now {dims}")
-    if not changed:
-        return False
-    if not reembed:
-        raise EmbeddingModelChanged(
-            "the archive's vectors were made by another embedding model ("
-            + "; ".join(changed)
-            + "); open it with that model, or pass on_model_change='reembed' to embed "
-            "every stored message again"
-        )
     db.execute("DELETE FROM vectors")
     db.execute("DELETE FROM settings WHERE name IN ('embedding_model', 'embedding_dims')")
     return True
@@ -176,19 +205,31 @@ class VectorIndex:
             raise EmbeddingModelChanged(
                 f"the query vector has {len(query)} dimensions, the stored vectors {dims}"
             )
-        np = numpy()
         indexes, matrix = self._matrix(db, conversation_id, dims)
-        if not len(indexes):
-            return {}
-        q = np.asarray(query, dtype="<f4")
-        q = q / (float(np.sqrt(q @ q)) or 1.0)
-        # einsum's own loop: a matrix-vector product this small loses more to BLAS
-        # threads waking up on a busy machine than it gains (4x slower at 20,000 rows).
-        sims = np.einsum("ij,j->i", matrix, q)
-        n = min(n, len(sims))
-        best = np.argpartition(-sims, n - 1)[:n]
-        found: dict[int, float] = {}
-        for i in best.tolist():
-            index = int(indexes[i])
-            found[index] = max(float(sims[i]), found.get(index, -1.0))
-        return found
+        return nearest(indexes, matrix, query, n)
+
+
+def nearest(indexes: Any, matrix: Any, query: Sequence[float], n: int) -> dict[int, float]:
+    """The ``n`` rows of ``matrix`` (L2-normalised) nearest ``query``: cosine by index.
+
+    Args:
+        indexes: Each row's message index (a numpy int array).
+        matrix: One stored vector per row (float32).
+        query: The query vector (normalised here).
+        n: How many rows at most.
+    """
+    if not len(indexes):
+        return {}
+    np = numpy()
+    q = np.asarray(query, dtype="<f4")
+    q = q / (float(np.sqrt(q @ q)) or 1.0)
+    # einsum's own loop: a matrix-vector product this small loses more to BLAS
+    # threads waking up on a busy machine than it gains (4x slower at 20,000 rows).
+    sims = np.einsum("ij,j->i", matrix, q)
+    n = min(n, len(sims))
+    best = np.argpartition(-sims, n - 1)[:n]
+    found: dict[int, float] = {}
+    for i in best.tolist():
+        index = int(indexes[i])
+        found[index] = max(float(sims[i]), found.get(index, -1.0))
+    return found

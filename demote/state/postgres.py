@@ -10,7 +10,8 @@ connections; the statements are written once (``_pg_sql.Sql``) and executed by a
 driver over a ``psycopg_pool.ConnectionPool`` and an async one over an
 ``AsyncConnectionPool`` (one per event loop), both built from the same settings.
 
-Failure handling, for a fleet:
+Failure handling, for a fleet (:class:`demote._pg.Pools`, shared with the PostgreSQL
+archive):
 
 - connections have a connect timeout, a server-side ``statement_timeout``, TCP
   keepalives and ``tcp_user_timeout``;
@@ -26,23 +27,14 @@ Every psycopg error becomes a :class:`StoreError` at this boundary.
 
 from __future__ import annotations
 
-import math
 import re
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from demote.errors import ConfigError, MissingExtraError, StoreError
+from demote._pg import Pools
+from demote.errors import ConfigError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
-from demote.state._deadline import (
-    Deadline,
-    idle_socket_has_data,
-    loop_deadline,
-    thread_deadline,
-)
-from demote.state._loops import PerLoop
 from demote.state._ops import Op, OpStore
 from demote.state._pg_sql import SCHEMA_VERSION, Sql
 from demote.state.base import Lease
@@ -52,33 +44,12 @@ __all__ = ["PostgresStateStore"]
 T = TypeVar("T")
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 Rows = list[tuple[Any, ...]]
+_LABEL = "postgres state store"
 
 
 def _op(sql: str, params: dict[str, Any], finish: Callable[[Rows], T]) -> Op[T]:
     """One statement and how to read its rows."""
     return Op((sql, params), finish)
-
-
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _dead(conn: Any) -> bool:
-    """Whether a pooled connection is unusable (closed, broken, or its server left)."""
-    try:
-        return bool(conn.closed) or idle_socket_has_data(conn.pgconn.socket)
-    except Exception:  # psycopg raises on a closed pgconn's socket
-        return True
-
-
-class _Attempt:
-    """The alarm of the round trip in flight, read when translating its error."""
-
-    alarm: Deadline | None = None
 
 
 class PostgresStateStore(OpStore):
@@ -121,84 +92,23 @@ class PostgresStateStore(OpStore):
     ) -> None:
         if not isinstance(table, str) or not _IDENT.fullmatch(table):
             raise ConfigError(f"table: {table!r} is not a plain lowercase identifier")
-        if (dsn is None) == (pool is None):
-            raise ConfigError("give exactly one of dsn and pool")
-        self.timeout = _positive("timeout", timeout)
-        statement_ms = round(_positive("statement_timeout", statement_timeout) * 1000)
-        try:
-            import psycopg
-            import psycopg_pool
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise MissingExtraError("psycopg", "postgres") from exc
         self.table = table
         self._sql = Sql(table)
-        self._errors: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
-        self._attempts = max_size + 1
-        self._closed = False
-        self._owns_pool = pool is None
-        kwargs: dict[str, Any] = {
-            "autocommit": True,
-            "connect_timeout": max(2, math.ceil(_positive("connect_timeout", connect_timeout))),
-            "keepalives": 1,
-            "keepalives_idle": keepalives_idle,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-            "tcp_user_timeout": round(self.timeout * 1000),
-            "application_name": application_name,
-        }
-        setup = f"SET statement_timeout = {statement_ms}"
-
-        def configure(conn: Any) -> None:
-            conn.execute(setup)
-
-        async def aconfigure(conn: Any) -> None:
-            await conn.execute(setup)
-
-        if pool is None:
-            with (
-                self._translated(_Attempt(), "cannot reach postgres"),
-                psycopg.connect(dsn or "", **kwargs) as conn,
-            ):
-                self._migrate(conn)
-            pool = psycopg_pool.ConnectionPool(
-                dsn or "",
-                kwargs=kwargs,
-                configure=configure,
-                min_size=min_size,
-                max_size=max_size,
-                timeout=self.timeout,
-                name=f"demote-{table}",
-                open=True,
-            )
-        else:
-            with (
-                self._translated(_Attempt(), "cannot reach postgres"),
-                pool.connection(timeout=self.timeout) as conn,
-            ):
-                self._migrate(conn)
-        self._pool = pool
-
-        async def make() -> Any:
-            if async_pool is not None:
-                return async_pool
-            made = psycopg_pool.AsyncConnectionPool(
-                pool.conninfo,
-                kwargs=pool.kwargs,
-                configure=aconfigure if self._owns_pool else None,
-                min_size=min_size,
-                max_size=max_size,
-                timeout=self.timeout,
-                name=f"demote-{table}-async",
-                open=False,
-            )
-            await made.open()
-            return made
-
-        async def close(made: Any) -> None:
-            if made is not async_pool:
-                await made.close()
-
-        self._async: PerLoop[Any] = PerLoop(make, close)
+        self._pools = Pools(
+            dsn,
+            pool=pool,
+            async_pool=async_pool,
+            name=f"demote-{table}",
+            setup=self._migrate,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            min_size=min_size,
+            max_size=max_size,
+            keepalives_idle=keepalives_idle,
+            application_name=application_name,
+        )
+        self.timeout = self._pools.timeout
 
     def _migrate(self, conn: Any) -> None:
         """Create or upgrade the tables to :data:`SCHEMA_VERSION` (one transaction)."""
@@ -217,58 +127,19 @@ class PostgresStateStore(OpStore):
             for statement in sql.migrations():
                 conn.execute(statement)
 
-    @contextmanager
-    def _translated(self, attempt: _Attempt, what: str = "postgres") -> Iterator[None]:
-        try:
-            yield
-        except self._errors as exc:  # psycopg errors become ours at this boundary
-            if attempt.alarm is not None and attempt.alarm.fired:
-                raise StoreError(
-                    f"{what}: no reply within {self.timeout:g} s (connection dropped)"
-                ) from exc
-            raise StoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-    def _left(self, deadline: float) -> float:
-        return max(0.001, deadline - time.monotonic())
-
     def _run(self, op: Op[T]) -> T:
-        if self._closed:
-            raise StoreError("postgres state store is closed")
-        deadline, attempt = time.monotonic() + self.timeout, _Attempt()
-        with self._translated(attempt):
-            for _ in range(self._attempts):
-                with self._pool.connection(timeout=self._left(deadline)) as conn:
-                    if _dead(conn):
-                        conn.close()  # the pool replaces it
-                        continue
-                    with thread_deadline(conn.pgconn.socket, self._left(deadline)) as alarm:
-                        attempt.alarm = alarm
-                        cur = conn.execute(*op.request)
-                        rows = cur.fetchall() if cur.description else []
-                        if not conn.autocommit:
-                            conn.commit()
-                return op.finish(rows)
-        raise StoreError(f"postgres: no live connection in {self._attempts} tries")
+        def work(conn: Any) -> Rows:
+            cur = conn.execute(*op.request)
+            return cur.fetchall() if cur.description else []
+
+        return op.finish(self._pools.run(work, _LABEL))
 
     async def _arun(self, op: Op[T]) -> T:
-        if self._closed:
-            raise StoreError("postgres state store is closed")
-        deadline, attempt = time.monotonic() + self.timeout, _Attempt()
-        with self._translated(attempt):
-            pool = await self._async.get()
-            for _ in range(self._attempts):
-                async with pool.connection(timeout=self._left(deadline)) as conn:
-                    if _dead(conn):
-                        await conn.close()  # the pool replaces it
-                        continue
-                    with loop_deadline(conn.pgconn.socket, self._left(deadline)) as alarm:
-                        attempt.alarm = alarm
-                        cur = await conn.execute(*op.request)
-                        rows = await cur.fetchall() if cur.description else []
-                        if not conn.autocommit:
-                            await conn.commit()
-                return op.finish(rows)
-        raise StoreError(f"postgres: no live connection in {self._attempts} tries")
+        async def work(conn: Any) -> Rows:
+            cur = await conn.execute(*op.request)
+            return await cur.fetchall() if cur.description else []
+
+        return op.finish(await self._pools.arun(work, _LABEL))
 
     # The operations, described once; _run and _arun perform them.
 
@@ -331,14 +202,8 @@ class PostgresStateStore(OpStore):
 
     def close(self) -> None:
         """Close the pools this store made (idempotent); async ones on their loops."""
-        if self._closed:
-            return
-        self._closed = True
-        self._async.close_all()
-        if self._owns_pool:
-            self._pool.close()
+        self._pools.close()
 
     async def aclose(self) -> None:
         """Close this loop's async pool, then everything :meth:`close` closes."""
-        await self._async.close_current()
-        self.close()
+        await self._pools.aclose()

@@ -61,6 +61,15 @@ def test_quick_bench_writes_every_section(
     if (tmp_path / "recall.json").exists():
         recall = json.loads((tmp_path / "recall.json").read_text())
         assert recall["setups"]
+    # Section 6 runs on PostgreSQL when a URL is set, and says it skipped otherwise.
+    assert "## 6. PostgreSQL archive" in printed
+    if (tmp_path / "pg_archive.json").exists():
+        pg = json.loads((tmp_path / "pg_archive.json").read_text())
+        rates = pg["fleet"]["deliveries"]
+        assert rates["PostgresArchive"]["messages"] == rates["SQLiteArchive"]["messages"] > 0
+        assert {r["setup"] for r in pg["latency"]} == {"SQLiteArchive", "PostgresArchive"}
+    else:
+        assert "skipped: " in printed
 
 
 def test_quick_fleet_section_counts_round_trips_and_finds_no_duplicates_or_losses(

@@ -1,0 +1,93 @@
+"""What every archive does with its recall options and its messages' context, once.
+
+:func:`searcher` checks the ranking options an archive takes (the same names and ranges
+for SQLite and PostgreSQL) and builds the :class:`~demote.hooks._search.Searcher` that
+ranks with them; :func:`describe` turns a ``context=`` callable's answer into the indexed
+context string and the speaker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from demote.errors import ConfigError
+from demote.hooks import _rank, _search
+from demote.hooks._fts import STOP_WORDS
+from demote.records import DemotedMessage
+from demote.tokens import Counter, resolve_counter
+
+__all__ = ["describe", "searcher"]
+
+
+def searcher(
+    *,
+    context_weight: float,
+    adjacent_weight: float,
+    coverage: float,
+    neighbours: float,
+    speaker_weight: float,
+    pool: int,
+    after: int,
+    counter: str | Counter,
+    fusion: str,
+    dense_weight: float,
+    on_model_change: str,
+    stop_words: Iterable[str] | None,
+    pool_name: str = "pool",
+) -> _search.Searcher:
+    """The searcher of an archive's options (see ``SQLiteArchive``), checked.
+
+    Raises:
+        ConfigError: An option is out of range; the message names it (``pool_name`` is
+            what the archive calls its candidate pool).
+    """
+    for name, value in (
+        ("context_weight", context_weight),
+        ("adjacent_weight", adjacent_weight),
+        ("coverage", coverage),
+        ("neighbours", neighbours),
+        ("speaker_weight", speaker_weight),
+    ):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+    if pool < 1:
+        raise ConfigError(f"{pool_name} must be >= 1, got {pool!r}")
+    if after < 0:
+        raise ConfigError(f"after must be >= 0, got {after!r}")
+    if fusion not in ("weighted", "rrf"):
+        raise ConfigError(f"fusion must be 'weighted' or 'rrf', got {fusion!r}")
+    if not 0.0 <= dense_weight <= 1.0:
+        raise ConfigError(f"dense_weight must be in [0, 1], got {dense_weight!r}")
+    if on_model_change not in ("refuse", "reembed"):
+        raise ConfigError(f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r}")
+    words = STOP_WORDS if stop_words is None else stop_words
+    return _search.Searcher(
+        ranking=_rank.Ranking(
+            (0.0, 1.0, float(context_weight), float(adjacent_weight)),
+            pool,
+            float(coverage),
+            float(neighbours),
+            after,
+        ),
+        speaker_weight=float(speaker_weight),
+        fusion=fusion,  # type: ignore[arg-type]  # checked above
+        dense_weight=float(dense_weight),
+        count=resolve_counter(counter),
+        stop_words=frozenset(w.lower() for w in words),
+    )
+
+
+def describe(context: object, message: DemotedMessage) -> tuple[str, str]:
+    """The context string indexed with ``message`` and its speaker (``""`` if none).
+
+    Args:
+        context: The archive's ``context=`` callable, or ``None``.
+        message: The message being archived.
+    """
+    found = context(message) if callable(context) else None
+    speaker = ""
+    if isinstance(found, Mapping):
+        speaker = str(found.get("speaker") or "")
+        found = " ".join(str(v) for v in found.values() if v)
+    return (str(found) if found else ""), speaker
