@@ -22,6 +22,11 @@ from demote.errors import DemoteError
 
 __all__ = ["build_parser", "main"]
 
+_ARCHIVE_HELP = (
+    "an SQLiteArchive file, or a PostgresArchive's database as a URL "
+    "(postgresql://user@host/db; read, never written)"
+)
+_TABLE_HELP = "with a PostgreSQL --archive: its table (default: demote_archive)"
 _POLICY_HELP = (
     "a window policy as JSON, e.g. "
     '\'{"unit": "tokens", "limit": 4000, "eviction": {"kind": "bulk", "overflow": 1000}}\''
@@ -83,13 +88,21 @@ def _inspect(args: argparse.Namespace) -> None:
         archive=args.archive,
         outbox=args.outbox,
         conversation=args.conversation,
+        archive_table=args.archive_table,
     )
 
 
 def _search(args: argparse.Namespace) -> None:
     from demote.cli.commands import search_archive
 
-    search_archive(sys.stdout, args.archive, args.conversation, args.query, args.k)
+    search_archive(
+        sys.stdout,
+        args.archive,
+        args.conversation,
+        args.query,
+        args.k,
+        archive_table=args.archive_table,
+    )
 
 
 def _erase(args: argparse.Namespace) -> int:
@@ -102,6 +115,8 @@ def _erase(args: argparse.Namespace) -> int:
         archive=args.archive,
         outbox=args.outbox,
         wait=args.wait,
+        state_table=args.state_table,
+        archive_table=args.archive_table,
     )
     return 0 if report.complete else 1
 
@@ -209,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         "conversation is kept by the process that delivers, not in the state store.",
     )
     ins.add_argument("--state", metavar="state.db", help="an SQLiteStateStore file")
-    ins.add_argument("--archive", metavar="archive.db", help="an SQLiteArchive file")
+    ins.add_argument("--archive", metavar="ARCHIVE", help=_ARCHIVE_HELP)
+    ins.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
     ins.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
     ins.add_argument("conversation", nargs="?", help="only this conversation")
     ins.set_defaults(run=_inspect)
@@ -219,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show what recall returns from an archive",
         description="Search the archived messages of one conversation, as recall would.",
     )
-    sea.add_argument("--archive", required=True, metavar="archive.db", help="an SQLiteArchive file")
+    sea.add_argument("--archive", required=True, metavar="ARCHIVE", help=_ARCHIVE_HELP)
+    sea.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
     sea.add_argument("conversation", help="the conversation id")
     sea.add_argument("query", help="the text to search for")
     sea.add_argument("-k", type=int, default=5, help="how many messages (default: 5)")
@@ -233,8 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
         "waiting for a delivery in flight; print what each tier did. Exit status 0 only if "
         "every tier erased. The application's own chat history is not in these files.",
     )
-    era.add_argument("--state", required=True, metavar="state.db", help="an SQLiteStateStore file")
-    era.add_argument("--archive", required=True, metavar="archive.db", help="an SQLiteArchive file")
+    era.add_argument(
+        "--state",
+        required=True,
+        metavar="STATE",
+        help="an SQLiteStateStore file, or a redis:// or postgresql:// URL of a fleet's store",
+    )
+    era.add_argument(
+        "--state-table", metavar="TABLE", help="a PostgreSQL state store's table (demote_state)"
+    )
+    era.add_argument(
+        "--archive",
+        required=True,
+        metavar="ARCHIVE",
+        help="an SQLiteArchive file, or a postgresql:// URL of a PostgresArchive",
+    )
+    era.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
     era.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
     era.add_argument(
         "--wait",

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from demote.cli._table import table
 from demote.cli.demo_parts import progress_bar
@@ -29,10 +30,14 @@ from demote.records import MessageRecord
 from demote.state.sqlite import SQLiteStateStore
 from demote.summarize import TemplateSummarizer
 
+if TYPE_CHECKING:
+    from demote.hooks.postgres_archive import PostgresArchive
+
 __all__ = [
     "DEFAULT_POLICIES",
     "RecallScore",
     "inspect_stores",
+    "open_archive",
     "parse_policies",
     "recall_score",
     "replay_transcript",
@@ -264,6 +269,43 @@ def replay_transcript(
     return results
 
 
+def _is_dsn(archive: str | os.PathLike[str]) -> bool:
+    return os.fspath(archive).startswith(("postgresql://", "postgres://"))
+
+
+def _shown(archive: str | os.PathLike[str]) -> str:
+    """An archive's name for messages: a PostgreSQL URL without its password."""
+    text = os.fspath(archive)
+    if _is_dsn(text):
+        parts = urlsplit(text)
+        if parts.password is not None:
+            host = parts.netloc.rsplit("@", 1)[1]
+            text = parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
+    return text
+
+
+def open_archive(
+    archive: str | os.PathLike[str], table: str | None = None
+) -> SQLiteArchive | PostgresArchive:
+    """The archive an ``--archive`` names: an SQLite file, or a PostgreSQL URL (read-only).
+
+    Args:
+        archive: A file path, or a ``postgresql://`` (``postgres://``) URL.
+        table: The PostgreSQL archive's table (default ``demote_archive``).
+
+    Raises:
+        ConfigError: The file does not exist, or ``table`` was given with a file.
+        StoreError: PostgreSQL cannot be reached, or holds no archive in ``table``.
+    """
+    if _is_dsn(archive):
+        from demote.hooks.postgres_archive import PostgresArchive
+
+        return PostgresArchive(os.fspath(archive), table=table or "demote_archive", read_only=True)
+    if table is not None:
+        raise ConfigError("--archive-table goes with a PostgreSQL archive (postgresql://...)")
+    return SQLiteArchive(_existing(archive, "archive"))
+
+
 def inspect_stores(
     out: IO[str],
     *,
@@ -271,6 +313,7 @@ def inspect_stores(
     archive: str | os.PathLike[str] | None = None,
     outbox: str | os.PathLike[str] | None = None,
     conversation: str | None = None,
+    archive_table: str | None = None,
 ) -> None:
     """Print each conversation's demotion state, pending messages, archive size and dead letters.
 
@@ -278,23 +321,30 @@ def inspect_stores(
     the state store. The last delivery error is not stored there: the process that
     delivers keeps it (``Demoter.conversation_stats``, ``demote.delivery_failed`` events,
     the ``demote`` logger), which the output says when something is pending. With an
-    outbox, each dead letter is listed with its conversation and last error.
+    outbox, each dead letter is listed with its conversation and last error. The archive
+    may be a PostgreSQL URL (:func:`open_archive`), read without writing.
 
     Raises:
         ConfigError: No store given, a given file does not exist, or ``conversation`` is
             in none of the given state store and archive.
+        StoreError: A PostgreSQL archive cannot be read.
     """
     if state is None and archive is None and outbox is None:
         raise ConfigError("give at least one of --state, --archive, --outbox")
     st = SQLiteStateStore(_existing(state, "state store")) if state is not None else None
-    ar = SQLiteArchive(_existing(archive, "archive")) if archive is not None else None
+    try:
+        ar = open_archive(archive, archive_table) if archive is not None else None
+    except BaseException:
+        if st is not None:
+            st.close()
+        raise
     try:
         ids = set(st.conversations() if st else []) | set(ar.conversations() if ar else [])
         if conversation is not None:
             if conversation not in ids and (st is not None or ar is not None):
                 raise ConfigError(
                     f"unknown conversation {conversation!r}: not in "
-                    + " or ".join(str(p) for p in (state, archive) if p is not None)
+                    + " or ".join(_shown(p) for p in (state, archive) if p is not None)
                     + (f" (it has {_few(ids)})" if ids else " (no conversations at all)")
                 )
             ids = {conversation} & ids
@@ -361,16 +411,25 @@ def _few(ids: set[str], n: int = 3) -> str:
 
 
 def search_archive(
-    out: IO[str], archive: str | os.PathLike[str], conversation: str, query: str, k: int = 5
+    out: IO[str],
+    archive: str | os.PathLike[str],
+    conversation: str,
+    query: str,
+    k: int = 5,
+    *,
+    archive_table: str | None = None,
 ) -> None:
     """Print what recall returns from an archive for ``query`` (best first).
 
+    The archive is an SQLite file or a PostgreSQL URL (:func:`open_archive`, read-only).
+
     Raises:
         ConfigError: The archive file does not exist, or ``k < 1``.
+        StoreError: A PostgreSQL archive cannot be read.
     """
     if k < 1:
         raise ConfigError(f"-k: must be >= 1, got {k}")
-    with SQLiteArchive(_existing(archive, "archive")) as ar:
+    with open_archive(archive, archive_table) as ar:
         hits = ar.search(conversation, query, k)
         total = ar.count(conversation)
     if not hits:

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from demote.cli._table import table
 from demote.engine import Demoter
@@ -79,18 +79,25 @@ def erase_stores(
     outbox: str | os.PathLike[str] | None = None,
     wait: float | None = None,
     err: IO[str] | None = None,
+    state_table: str | None = None,
+    archive_table: str | None = None,
 ) -> EraseReport:
     """Erase ``conversation`` from a state store, an archive and an outbox; print the report.
 
     Args:
         out: Where the report goes.
         conversation: The conversation id.
-        state: The :class:`~demote.SQLiteStateStore` file.
-        archive: The :class:`~demote.hooks.archive.SQLiteArchive` file.
+        state: The :class:`~demote.SQLiteStateStore` file, or the URL of a fleet's
+            :class:`~demote.RedisStateStore` (``redis://``) or
+            :class:`~demote.PostgresStateStore` (``postgresql://``).
+        archive: The :class:`~demote.hooks.archive.SQLiteArchive` file, or the URL of a
+            :class:`~demote.PostgresArchive` (``postgresql://``).
         outbox: The :class:`~demote.SQLiteOutbox` file, if the application has one.
         wait: Seconds to wait for a delivery in flight (the state store's lease time,
             30 s, by default).
         err: Where notes go (standard error by default).
+        state_table: A PostgreSQL state store's table (``demote_state`` by default).
+        archive_table: A PostgreSQL archive's table (``demote_archive`` by default).
 
     Returns:
         The report; :attr:`~demote.erase.EraseReport.complete` says whether every tier
@@ -101,14 +108,21 @@ def erase_stores(
         ConversationIdError: The conversation id is unusable.
     """
     given = {"--state": state, "--archive": archive, "--outbox": outbox}
-    paths = {option: _check(option, p) for option, p in given.items() if p is not None}
+    urls = {o for o, p in given.items() if p is not None and _url(p)}
+    if "--outbox" in urls or (archive is not None and _url(archive) == "redis"):
+        raise ConfigError("--outbox and --archive take files or postgresql:// URLs as listed")
+    paths = {o: _check(o, p) for o, p in given.items() if p is not None and o not in urls}
     if len({p.resolve() for p in paths.values()}) < len(paths):
         raise ConfigError("--state, --archive and --outbox must name different files")
+    if state_table is not None and _url(state) != "postgresql":
+        raise ConfigError("--state-table goes with a PostgreSQL state store (postgresql://...)")
+    if archive_table is not None and _url(archive) != "postgresql":
+        raise ConfigError("--archive-table goes with a PostgreSQL archive (postgresql://...)")
     from demote.capture.outbox import SQLiteOutbox
 
     with (
-        SQLiteStateStore(paths["--state"]) as st,
-        SQLiteArchive(paths["--archive"]) as ar,
+        _state_store(state, paths, state_table) as st,
+        _archive(archive, paths, archive_table) as ar,
         Demoter(SlidingWindow.last_messages(1), ar, state=st) as demoter,
     ):
         box = SQLiteOutbox(paths["--outbox"]) if "--outbox" in paths else None
@@ -120,6 +134,41 @@ def erase_stores(
                 box.close()
     _print(out, sys.stderr if err is None else err, report, known)
     return report
+
+
+def _url(value: str | os.PathLike[str]) -> str | None:
+    """``"postgresql"`` or ``"redis"`` for a URL of a server, ``None`` for a file."""
+    text = os.fspath(value)
+    if text.startswith(("postgresql://", "postgres://")):
+        return "postgresql"
+    if text.startswith(("redis://", "rediss://", "unix://")):
+        return "redis"
+    return None
+
+
+def _state_store(
+    state: str | os.PathLike[str], paths: dict[str, Path], table: str | None
+) -> SQLiteStateStore | Any:
+    kind = _url(state)
+    if kind == "postgresql":
+        from demote.state.postgres import PostgresStateStore
+
+        return PostgresStateStore(os.fspath(state), table=table or "demote_state")
+    if kind == "redis":
+        from demote.state.redis import RedisStateStore
+
+        return RedisStateStore(os.fspath(state))
+    return SQLiteStateStore(paths["--state"])
+
+
+def _archive(
+    archive: str | os.PathLike[str], paths: dict[str, Path], table: str | None
+) -> SQLiteArchive | Any:
+    if _url(archive) == "postgresql":
+        from demote.hooks.postgres_archive import PostgresArchive
+
+        return PostgresArchive(os.fspath(archive), table=table or "demote_archive")
+    return SQLiteArchive(paths["--archive"])
 
 
 def _print(out: IO[str], err: IO[str], report: EraseReport, known: bool) -> None:

@@ -184,3 +184,51 @@ def test_the_installed_command(stores: Path) -> None:
     bad = run("erase", "--state", "archive.db", "--archive", "archive.db", "c", cwd=stores,
               timeout=60)  # fmt: skip
     assert "not a demote state store" in one_line_error(bad)
+
+
+@pytest.mark.parametrize("state_kind", ["postgres", "redis"])
+def test_erase_takes_the_urls_of_a_fleets_stores(
+    state_kind: str, postgres_url: str, request: pytest.FixtureRequest
+) -> None:
+    import uuid
+
+    from demote import PostgresArchive, PostgresStateStore, RedisStateStore
+
+    archive_table = f"era_{uuid.uuid4().hex[:10]}"
+    state_table = f"ers_{uuid.uuid4().hex[:10]}"
+    if state_kind == "postgres":
+        state_url = postgres_url
+        state: object = PostgresStateStore(postgres_url, table=state_table)
+        options = ["--state-table", state_table]
+    else:
+        state_url = request.getfixturevalue("redis_url")
+        state = RedisStateStore(state_url)
+        options = []
+    with PostgresArchive(postgres_url, table=archive_table) as archive:
+        demoter = Demoter(SlidingWindow.last_messages(2), archive, state=state)  # type: ignore[arg-type]
+        for cid, word in (("c", SECRET), ("o", KEPT)):
+            demoter.load(cid, chat(cid, word), describer(demoter))
+        assert archive.count("c") == 10 and archive.count("o") == 10
+        argv = ["erase", "--state", state_url, *options, "--archive", postgres_url]
+        assert main([*argv, "--archive-table", archive_table, "c"]) == 0
+        assert archive.count("c") == 0 and archive.search("c", SECRET) == []
+        assert archive.count("o") == 10
+        assert state.get("c") is None and state.get("o") is not None  # type: ignore[attr-defined]
+        demoter.close()
+    state.close()  # type: ignore[attr-defined]
+
+
+def test_erase_refuses_a_table_option_without_a_url(stores: Path) -> None:
+    code = main(
+        [
+            "erase",
+            "--state",
+            str(stores / "state.db"),
+            "--state-table",
+            "t",
+            "--archive",
+            str(stores / "archive.db"),
+            "c",
+        ]
+    )
+    assert code == 2
