@@ -55,7 +55,8 @@ class Work:
 
     @property
     def changed(self) -> bool:
-        return self.target != (self.stored or FRESH)
+        # The planner's answer is the committed state itself when nothing moved.
+        return self.target is not (self.stored or FRESH)
 
 
 @dataclass(slots=True, eq=False)

@@ -294,8 +294,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
     ) -> Flow[Window[T]]:
-        cid = validate_conversation_id(conversation_id)
-        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        if type(conversation_id) is str and conversation_id in self._views:
+            cid = conversation_id  # a cached view's id was checked when it was made
+        else:
+            cid = validate_conversation_id(conversation_id)
+        if type(messages) is not list and (
+            not isinstance(messages, Sequence) or isinstance(messages, str | bytes)
+        ):
             raise ArgumentTypeError(
                 f"messages: expected a sequence of messages (a list), got {type(messages).__name__}"
             )
