@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import sqlite3
 import threading
 import weakref
 from collections import OrderedDict
@@ -172,6 +173,9 @@ class _Mem0:
             for memory_id in ids:
                 yield ("delete", (memory_id,), kwargs)
                 removed += 1
+            if not self.hosted and ids:
+                # mem0 logged each deleted memory's text in its history: purge those rows.
+                yield (_PURGE, (ids, scope if tag is None else None), {})
             if self.hosted or not ids:
                 known.forget(cid)
                 return removed
@@ -210,6 +214,59 @@ def _lock_of(memory: Any) -> threading.Lock | contextlib.nullcontext[None]:
         return contextlib.nullcontext()
 
 
+_PURGE = "demote:purge_history"  # not a mem0 method: the drivers run _purge_history
+
+
+def _purge_history(memory: Any, memory_ids: Sequence[str], scope: dict[str, str] | None) -> int:
+    """Delete erased memories' rows from an open-source mem0's own SQLite history.
+
+    mem0 records every memory's text in its history database (``history_db_path``), a
+    deletion included, and keeps the last messages of each entity scope; its API deletes
+    neither. This reaches its ``SQLiteManager`` (``memory.db``: a ``connection`` and a
+    ``_lock``) and deletes the history rows of ``memory_ids`` and, with ``scope`` (the
+    conversation's own namespace), that scope's saved messages, with ``secure_delete`` on so
+    the text does not survive in free pages. A mem0 without that database is left alone.
+
+    Returns:
+        How many rows were deleted.
+    """
+    db = getattr(memory, "db", None)
+    connection = getattr(db, "connection", None)
+    if not isinstance(connection, sqlite3.Connection):
+        return 0
+    lock = getattr(db, "_lock", None)
+    rows = [(memory_id,) for memory_id in memory_ids]
+    session = _session_scope(scope) if scope else None
+    with lock if isinstance(lock, contextlib.AbstractContextManager) else contextlib.nullcontext():
+        (previous,) = connection.execute("PRAGMA secure_delete").fetchone()
+        connection.execute("PRAGMA secure_delete = ON")
+        try:
+            with connection:
+                deleted = connection.executemany(
+                    "DELETE FROM history WHERE memory_id = ?", rows
+                ).rowcount
+                if session is not None:
+                    deleted += connection.execute(
+                        "DELETE FROM messages WHERE session_scope = ?", (session,)
+                    ).rowcount
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise HookError(f"mem0's history database: {exc}") from exc
+        finally:
+            connection.execute(f"PRAGMA secure_delete = {int(previous)}")
+    return max(deleted, 0)
+
+
+def _session_scope(scope: dict[str, str]) -> str | None:
+    """mem0's key for an entity scope's saved messages (its own function, when it has one)."""
+    try:
+        from mem0.memory.main import _build_session_scope
+    except ImportError:  # another mem0 version: its saved messages are left as they are
+        return None
+    key = _build_session_scope(scope)
+    return key if isinstance(key, str) else None
+
+
 def _drive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
     lock = _lock_of(memory)
     try:
@@ -218,7 +275,10 @@ def _drive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
             name, args, kwargs = call
             try:
                 with lock:
-                    result = getattr(memory, name)(*args, **kwargs)
+                    if name == _PURGE:
+                        result = _purge_history(memory, *args)
+                    else:
+                        result = getattr(memory, name)(*args, **kwargs)
             except Exception as exc:
                 raise error(f"mem0 {name}() failed: {exc}") from exc
             call = flow.send(result)
@@ -234,7 +294,10 @@ async def _adrive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
         while True:
             name, args, kwargs = call
             try:
-                result = await getattr(memory, name)(*args, **kwargs)
+                if name == _PURGE:
+                    result = await asyncio.to_thread(_purge_history, memory, *args)
+                else:
+                    result = await getattr(memory, name)(*args, **kwargs)
             except Exception as exc:
                 raise error(f"mem0 {name}() failed: {exc}") from exc
             call = flow.send(result)
@@ -274,8 +337,11 @@ class _Mem0Tier:
         ``demote_conversation``). Expired memories too.
 
         mem0 keeps a change log of its own (the SQLite file at ``history_db_path``) that
-        records a deleted memory's text; its API has no way to delete one conversation's
-        entries from it.
+        records every memory's text, its deletion included, and the last messages of each
+        namespace; its API deletes neither, so an open-source mem0's rows for the deleted
+        memories (and, in the conversation's own namespace, its saved messages) are
+        deleted from that file directly, with ``secure_delete`` on. The hosted platform's
+        history is the platform's.
 
         Args:
             conversation_id: The conversation.

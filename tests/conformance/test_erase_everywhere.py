@@ -13,7 +13,8 @@ outbox. Then the adapter erases the conversation, and:
   search and get_all, the vector store's similarity search, the outboxes' queues and dead
   letters, the adapter's own history;
 - the secret's bytes are in none of the SQLite files (main file, ``-wal``, ``-shm``) of
-  the archive, the outboxes and the state store;
+  the archive, the outboxes and the state store, nor in any file of mem0's (its history
+  database, the embedded Qdrant's storage);
 - a second conversation, written the same way, is untouched everywhere.
 """
 
@@ -82,7 +83,9 @@ class Tiers:
     def files(self) -> list[Path]:
         names = ["archive.db", "outbox.db", "state.db"]
         names += ["capture.db"] if self.capture is not None else []
-        return [self.folder / n for n in names]
+        # mem0's own files: its history database and the embedded Qdrant's storage.
+        mem0 = sorted(p for p in self.folder.glob("mem0-*/**/*") if p.is_file())
+        return [self.folder / n for n in names] + [p for p in mem0 if "-" not in p.suffix]
 
     def settle(self) -> None:
         """Wait until the Recorders have delivered (or dead-lettered) everything queued."""
@@ -275,6 +278,8 @@ def test_erase_forgets_the_secret_everywhere_and_keeps_the_other_conversation(
     assert all(before_c.values()), f"every API holds the secret before: {before_c}"
     archive_file, outbox_file = tiers.files()[:2]
     assert leaks(archive_file, SECRET) and leaks(outbox_file, SECRET)
+    history = tiers.folder / "mem0-0" / "history.db"
+    assert history in tiers.files() and leaks(history, SECRET)
     o_vectors = vector_texts(tiers.vectors, OTHER)
     o_history = chat.history(OTHER)
 

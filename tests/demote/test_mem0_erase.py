@@ -5,6 +5,7 @@ recorded fake of its methods (the platform is not reachable here)."""
 from __future__ import annotations
 
 import inspect
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -205,3 +206,35 @@ async def test_hosted_async_aerase_in_a_shared_namespace() -> None:
     assert client.rows == kept
     deletes = [kw for name, kw in client.calls if name == "delete"]
     assert deletes and not any(kw["delete_linked"] for kw in deletes), "linked may be chat-2's"
+
+
+def history_rows(memory: Any, word: str) -> int:
+    """Rows of mem0's own history database (read as a file) whose text holds ``word``."""
+    with sqlite3.connect(f"file:{memory.config.history_db_path}?mode=ro", uri=True) as db:
+        (n,) = db.execute(
+            "SELECT count(*) FROM history WHERE instr(coalesce(old_memory, ''), ?) > 0"
+            " OR instr(coalesce(new_memory, ''), ?) > 0",
+            (word, word),
+        ).fetchone()
+    return int(n)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_erase_purges_the_erased_memories_from_mem0s_own_history(
+    make_memory: Callable[..., Any], asynchronous: bool
+) -> None:
+    memory = make_memory(asynchronous=asynchronous)
+    hook = Mem0Hook(memory)
+    for cid, fact in (("chat-1", "locker 4417"), ("chat-2", "locker 2222")):
+        for batch in batches(cid, conversation(cid, f"my {fact}", n=12)):
+            await hook.adeliver(batch)
+    assert history_rows(memory, "4417") > 0 and history_rows(memory, "2222") > 0
+    kept = history_rows(memory, "2222")
+
+    assert await hook.aerase("chat-1") > 0
+
+    # mem0 logged each deletion with the memory's text; those rows went with the rest,
+    # and secure_delete left no copy in the file's free pages.
+    assert history_rows(memory, "4417") == 0
+    assert b"4417" not in Path(memory.config.history_db_path).read_bytes()
+    assert history_rows(memory, "2222") == kept
