@@ -173,9 +173,10 @@ class _Mem0:
             for memory_id in ids:
                 yield ("delete", (memory_id,), kwargs)
                 removed += 1
-            if not self.hosted and ids:
-                # mem0 logged each deleted memory's text in its history: purge those rows.
-                yield (_PURGE, (ids, scope if tag is None else None), {})
+            if not self.hosted and not ids:
+                # mem0 logged each deleted memory's text in its history, and kept the
+                # namespace's last messages: purge those rows too.
+                yield (_PURGE, (sorted(seen), scope if tag is None else None), {})
             if self.hosted or not ids:
                 known.forget(cid)
                 return removed

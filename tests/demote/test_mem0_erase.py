@@ -225,16 +225,16 @@ async def test_erase_purges_the_erased_memories_from_mem0s_own_history(
 ) -> None:
     memory = make_memory(asynchronous=asynchronous)
     hook = Mem0Hook(memory)
-    for cid, fact in (("chat-1", "locker 4417"), ("chat-2", "locker 2222")):
+    for cid, fact in (("chat-1", "locker zebra4417"), ("chat-2", "locker heron2222")):
         for batch in batches(cid, conversation(cid, f"my {fact}", n=12)):
             await hook.adeliver(batch)
-    assert history_rows(memory, "4417") > 0 and history_rows(memory, "2222") > 0
-    kept = history_rows(memory, "2222")
+    assert history_rows(memory, "zebra4417") > 0 and history_rows(memory, "heron2222") > 0
+    kept = history_rows(memory, "heron2222")
 
     assert await hook.aerase("chat-1") > 0
 
     # mem0 logged each deletion with the memory's text; those rows went with the rest,
     # and secure_delete left no copy in the file's free pages.
-    assert history_rows(memory, "4417") == 0
-    assert b"4417" not in Path(memory.config.history_db_path).read_bytes()
-    assert history_rows(memory, "2222") == kept
+    assert history_rows(memory, "zebra4417") == 0
+    assert b"zebra4417" not in Path(memory.config.history_db_path).read_bytes()
+    assert history_rows(memory, "heron2222") == kept
