@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from demote._flow import Call, Flow, Sleep, drive_async, drive_sync
+from demote._validate import seconds
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
@@ -40,8 +41,8 @@ from demote.capture.dispatch import (
     _Stop,
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
-from demote.errors import ConfigError, HookTimeout, StoreError
-from demote.records import CapturedTurn, Demotion
+from demote.errors import ArgumentTypeError, ConfigError, HookTimeout, StoreError
+from demote.records import CapturedTurn, Demotion, storable_text
 from demote.state.base import validate_conversation_id
 
 __all__ = ["CURRENT_KEY", "AsyncCall", "RecorderBase", "SyncCall", "current_key", "logger"]
@@ -88,13 +89,11 @@ class RecorderBase:
     def __init__(
         self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
     ) -> None:
-        if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, int | float):
-            raise ConfigError(f"flush_timeout must be a number, got {flush_timeout!r}")
-        if not flush_timeout >= 0:
-            raise ConfigError(f"flush_timeout must be >= 0, got {flush_timeout}")
+        self.flush_timeout = seconds("flush_timeout", flush_timeout, zero=True)
+        if outbox is not None and not isinstance(outbox, SQLiteOutbox):
+            raise ArgumentTypeError(f"outbox: must be an SQLiteOutbox or None, got {outbox!r:.40}")
         self._sync_call, self._async_call = _resolve(sink)
         self._sink = sink
-        self.flush_timeout = float(flush_timeout)
         self.outbox = outbox
         self._dispatcher = Dispatcher(outbox.retry if outbox is not None else None)
         self._lock = threading.Lock()
@@ -259,13 +258,22 @@ class RecorderBase:
         envelopes = []
         for row in rows:
             try:
+                # A row is read back with whatever types the file holds: only a whole one
+                # reaches the dispatcher, whose arithmetic would crash the worker on others.
+                if not isinstance(row.key, str) or type(row.attempts) is not int:
+                    raise StoreError(
+                        f"corrupt row: key {row.key!r:.40}, attempts {row.attempts!r:.40}"
+                    )
+                if not isinstance(row.payload, str):
+                    raise StoreError(f"corrupt row: payload is {type(row.payload).__name__}")
                 item = decode(row.payload)
                 envelopes.append(
                     Envelope(row.key, item, row.id, row.attempts, conversation_of(item))
                 )
             except StoreError as exc:
-                logger.error("outbox row %d (key %s) is unreadable: %s", row.id, row.key, exc)
-                self.outbox.bury(row.id, row.attempts, str(exc))
+                logger.error("outbox row %s is unreadable: %s", row.id, exc)
+                attempts = row.attempts if type(row.attempts) is int else 0
+                self.outbox.bury(row.id, attempts, storable_text(str(exc)))
         return envelopes
 
     def _step(self) -> Deliver | Wait | None:

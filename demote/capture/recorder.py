@@ -41,10 +41,12 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import queue
 import threading
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from demote._closing import Closing
 from demote.capture.base import CURRENT_KEY, RecorderBase, current_key
@@ -53,6 +55,11 @@ from demote.capture.outbox import SQLiteOutbox
 from demote.records import Demotion
 
 __all__ = ["AsyncRecorder", "Recorder", "current_key"]
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    """``result`` awaited: ``Runner.run`` takes coroutines only, a sink may return futures."""
+    return await result
 
 
 class Recorder(RecorderBase, Closing):
@@ -124,14 +131,15 @@ class Recorder(RecorderBase, Closing):
                     with contextlib.suppress(queue.Empty):
                         self._queue.get(timeout=step.timeout)
                     continue
-                error: Exception | None = None
+                error: BaseException | None = None
                 token = CURRENT_KEY.set(step.envelope.key)
                 try:
-                    if self._sync_call is not None:
-                        self._sync_call(step.envelope.item)
-                    elif self._async_call is not None:
-                        runner.run(self._async_call(step.envelope.item))
-                except Exception as exc:  # a sink failure never kills the worker
+                    call = self._sync_call if self._sync_call is not None else self._async_call
+                    assert call is not None
+                    result = call(step.envelope.item)
+                    if inspect.isawaitable(result):  # an async sink, or a sync shell of one
+                        runner.run(_awaited(result))
+                except BaseException as exc:  # nothing a sink raises kills the worker
                     error = exc
                 finally:
                     CURRENT_KEY.reset(token)
@@ -221,14 +229,20 @@ class AsyncRecorder(RecorderBase):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._queue.get(), step.timeout)
                 continue
-            error: Exception | None = None
+            error: BaseException | None = None
             token = CURRENT_KEY.set(step.envelope.key)
             try:
+                result: object
                 if self._async_call is not None:
-                    await self._async_call(step.envelope.item)
-                elif self._sync_call is not None:
-                    await asyncio.to_thread(self._sync_call, step.envelope.item)
-            except Exception as exc:  # a sink failure never kills the worker
+                    result = self._async_call(step.envelope.item)
+                else:
+                    assert self._sync_call is not None
+                    result = await asyncio.to_thread(self._sync_call, step.envelope.item)
+                if inspect.isawaitable(result):
+                    await result
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                raise  # the loop's own business (a timed-out close cancels this task)
+            except BaseException as exc:  # nothing else a sink raises kills the worker
                 error = exc
             finally:
                 CURRENT_KEY.reset(token)
