@@ -198,3 +198,30 @@ def check_states(expected: object, new: object) -> None:
 def tombstone(current: ConversationState | None) -> ConversationState:
     """The state ``clear`` leaves: fresh, one generation after ``current``."""
     return ConversationState(generation=(current.generation if current else 0) + 1)
+
+
+def check_lease(lease: object, *, optional: bool = False) -> None:
+    """Raise :class:`~demote.errors.ArgumentTypeError` unless ``lease`` is a :class:`Lease`.
+
+    With ``optional``, ``None`` passes too. Only a store's own leases are meant here: a
+    lease is never built by hand, so anything else is a caller's mistake.
+    """
+    if optional and lease is None:
+        return
+    if not isinstance(lease, Lease):
+        hint = " or None" if optional else ""
+        raise ArgumentTypeError(f"lease: must be a Lease{hint}, got {lease!r:.80}")
+
+
+def check_holder(holder: object) -> str:
+    """``holder`` if it is a usable lease holder name (as a conversation id is), else raise."""
+    if not isinstance(holder, str) or not holder or "\x00" in holder or len(holder) > 1024:
+        raise ArgumentTypeError(
+            f"holder: must be a non-empty str of at most 1024 characters without NUL, "
+            f"got {holder!r:.40}"
+        )
+    try:
+        holder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArgumentTypeError(f"holder: is not valid Unicode text: {holder!r:.40}") from None
+    return holder
