@@ -47,30 +47,29 @@ __all__ = [
 MAX_ID_BYTES = 16_384
 
 
-def validate_conversation_id(conversation_id: object) -> str:
+def validate_conversation_id(conversation_id: object, name: str = "conversation_id") -> str:
     """Return ``conversation_id`` if usable, else raise :class:`ConversationIdError`.
 
     Any non-empty string of valid Unicode text up to 16 KiB is accepted: stores use it
     only as a parameter of parameterised queries, never in a path. NUL characters are
     rejected because several backends truncate at them, and lone surrogates because UTF-8
-    cannot hold them: either would merge two conversations.
+    cannot hold them: either would merge two conversations. ``name`` is what the message
+    calls the argument (an adapter's ``thread_id``, ``chat_store_key``).
     """
     if not isinstance(conversation_id, str):
-        raise ConversationIdError(
-            f"conversation_id must be a str, got {type(conversation_id).__name__}"
-        )
+        raise ConversationIdError(f"{name} must be a str, got {type(conversation_id).__name__}")
     if not conversation_id:
-        raise ConversationIdError("conversation_id must not be empty")
+        raise ConversationIdError(f"{name} must not be empty")
     if "\x00" in conversation_id:
-        raise ConversationIdError("conversation_id must not contain NUL characters")
+        raise ConversationIdError(f"{name} must not contain NUL characters")
     try:
         size = len(conversation_id.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ConversationIdError(
-            f"conversation_id is not valid Unicode text ({exc.reason} at {exc.start})"
+            f"{name} is not valid Unicode text ({exc.reason} at {exc.start})"
         ) from None
     if size > MAX_ID_BYTES:
-        raise ConversationIdError(f"conversation_id is longer than {MAX_ID_BYTES} bytes")
+        raise ConversationIdError(f"{name} is longer than {MAX_ID_BYTES} bytes")
     return conversation_id
 
 

@@ -210,3 +210,23 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def guarded(call: Callable[[Env, Any], object]) -> Callable[[Env, Any], object]:
+    """``call``, failing the probe if a refusal changed state the files do not show.
+
+    ``env.objects["dump"]``, if set, reads that state (Redis keys, Postgres rows, an
+    in-memory store, a framework's chat store): a refused call must leave it equal.
+    """
+
+    def run(env: Env, value: Any) -> object:
+        dump = env.objects.get("dump")
+        before = dump() if dump else None
+        try:
+            return call(env, value)
+        except DemoteError:
+            if dump and dump() != before:
+                raise AssertionError("refused, but the in-memory or server state changed") from None
+            raise
+
+    return run

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from demote.errors import DemoteError
 from demote.records import ConversationState
 from demote.state import InMemoryStateStore, PostgresStateStore, RedisStateStore, SQLiteStateStore
 from demote.state.base import Lease
@@ -27,6 +26,7 @@ from tests.hostile.harness import (
     ODD_IDS,
     Env,
     Probe,
+    guarded,
     judge,
     make_foreign,
     probes_for,
@@ -92,22 +92,6 @@ def setup_for(backend: str) -> Any:
 
 def store(env: Env) -> Any:
     return env.objects["store"]
-
-
-def guarded(call: Any) -> Any:
-    """``call``, failing the probe if a refusal changed a server-side store."""
-
-    def run(env: Env, value: Any) -> object:
-        dump = env.objects.get("dump")
-        before = dump() if dump else None
-        try:
-            return call(env, value)
-        except DemoteError:
-            if dump and dump() != before:
-                raise AssertionError("refused, but the store changed") from None
-            raise
-
-    return run
 
 
 STATE = ConversationState(window_start=2, delivered=2)
