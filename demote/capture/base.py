@@ -116,8 +116,8 @@ class RecorderBase:
             key: Dedup key for a plain value (records bring their own); a uuid if omitted.
 
         Raises:
-            ConfigError: With an outbox, ``item`` cannot be serialised; or ``key`` is not
-                a non-empty str.
+            ConfigError: With an outbox, ``item`` cannot be serialised; ``key`` is not
+                a non-empty str; a record's conversation id is unusable.
             StoreError: With an outbox, the durable write failed (nothing was queued, so
                 a demotion hook's caller keeps its watermark and retries).
             FencedOut: With an outbox, ``item`` is a batch whose fencing token predates
@@ -129,8 +129,10 @@ class RecorderBase:
                 self._dispatcher.dropped()
             return
         item_key = dedup_key(item, key)
-        payload = encode(item) if self.outbox is not None else None
         conversation = conversation_of(item)
+        if conversation is not None:  # a record's id, as every store refuses a bad one
+            validate_conversation_id(conversation, "conversation")
+        payload = encode(item) if self.outbox is not None else None
         fence = item.fence if isinstance(item, Demotion) else None
         self._ensure_started()
         with self._lock:

@@ -71,10 +71,11 @@ from demote._sqlite_kind import OUTBOX, check_kind, claim_kind
 from demote._validate import count, file_path, seconds
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
-from demote.capture.codec import decode
+from demote.capture.codec import decode, dedup_key
 from demote.capture.dispatch import RetryPolicy
 from demote.erase import conversation_hash
 from demote.errors import ArgumentTypeError, ConfigError, FencedOut, StoreError
+from demote.records import storable_text
 from demote.state.base import validate_conversation_id
 
 __all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
@@ -244,6 +245,13 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             StoreError: The write failed.
         """
         fence = _fence(fence)
+        if not isinstance(payload, str):
+            raise ArgumentTypeError(f"payload: must be a str, got {type(payload).__name__}")
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        key, payload = dedup_key(None, key), storable_text(payload)
+        if conversation is not None:
+            validate_conversation_id(conversation, "conversation")
         h = None if conversation is None else conversation_hash(conversation)
         with self._lock, _translated(self.path, "put", self.timeout):
             # One statement, so the fence check and the write are atomic across processes

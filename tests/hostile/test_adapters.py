@@ -19,6 +19,7 @@ from llama_index.core.storage.chat_store import SimpleChatStore
 
 from demote import Demoter, SlidingWindow, SQLiteArchive, SQLiteStateStore
 from langchain_demote import DemotingChatMessageHistory, DemotingMiddleware, with_demotion
+from langchain_demote.callbacks import adispatch_events, dispatch_events
 from llamaindex_demote import DemotingMemory
 from tests.hostile.harness import (
     BAD_COUNTS,
@@ -209,6 +210,17 @@ PROBES += probes_for(
     "thread_id",
     BAD_IDS,
     lambda e, v: DemotingMiddleware(demoter(e)).erase(v),
+)
+
+for name, fn in {"dispatch_events": dispatch_events, "adispatch_events": adispatch_events}.items():
+    run = (
+        (lambda f: lambda e, v: f(v))(fn)
+        if name[0] == "d"
+        else (lambda f: lambda e, v: asyncio.run(f(v)))(fn)
+    )
+    PROBES += probes_for(name, "events", [None, "abc", [1], 3, [None]], run)
+PROBES += probes_for(
+    "dispatch_events", "config", ["config", 3, ["x"]], lambda e, v: dispatch_events([], config=v)
 )
 
 # -- LlamaIndex: DemotingMemory ----------------------------------------------------------------

@@ -135,6 +135,26 @@ PROBES += probes_for(
     outbox,
 )
 PROBES += probes_for(
+    "SQLiteOutbox.put", "key", [None, *BAD_KEYS], lambda e, v: box(e).put(v, "{}"), outbox
+)
+PROBES += probes_for(
+    "SQLiteOutbox.put", "payload", [None, b"{}", 3], lambda e, v: box(e).put("k", v), outbox
+)
+PROBES += probes_for(
+    "SQLiteOutbox.put",
+    "conversation",
+    BAD_IDS[1:],
+    lambda e, v: box(e).put("k", "{}", conversation=v),
+    outbox,
+)
+PROBES += probes_for(
+    "Recorder.enqueue",
+    "conversation",
+    BAD_IDS[1:],
+    lambda e, v: rec(e).enqueue(CapturedTurn(v, "user", "hi", 0, "k")),
+    recorder,
+)
+PROBES += probes_for(
     "Recorder.enqueue", "key", BAD_KEYS, lambda e, v: rec(e).enqueue({"a": 1}, key=v), recorder
 )
 PROBES += probes_for(
