@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from demote._flow import Call, Flow, Sleep, drive_async, drive_sync
-from demote._validate import seconds
+from demote._validate import count, seconds
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
@@ -41,13 +41,24 @@ from demote.capture.dispatch import (
     _Stop,
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
-from demote.errors import ArgumentTypeError, ConfigError, HookTimeout, StoreError
+from demote.errors import ArgumentTypeError, ConfigError, HookBusy, HookTimeout, StoreError
 from demote.records import CapturedTurn, Demotion, storable_text
 from demote.state.base import validate_conversation_id
 
-__all__ = ["CURRENT_KEY", "AsyncCall", "RecorderBase", "SyncCall", "current_key", "logger"]
+__all__ = [
+    "CURRENT_KEY",
+    "MAX_QUEUED",
+    "AsyncCall",
+    "RecorderBase",
+    "SyncCall",
+    "current_key",
+    "logger",
+]
 
 logger = logging.getLogger("demote.capture")
+
+#: Default bound on the items a Recorder holds for its sink (queued, retried, in flight).
+MAX_QUEUED = 100_000
 
 _POLL_SECONDS = 0.01  # how often erase looks whether the sink has finished an item
 
@@ -87,9 +98,14 @@ class RecorderBase:
     """What both Recorders share: admission, bookkeeping, outbox actions, reporting."""
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         self.flush_timeout = seconds("flush_timeout", flush_timeout, zero=True)
+        self.max_queued = count("max_queued", max_queued)
         if outbox is not None and not isinstance(outbox, SQLiteOutbox):
             raise ArgumentTypeError(f"outbox: must be an SQLiteOutbox or None, got {outbox!r:.40}")
         self._sync_call, self._async_call = _resolve(sink)
@@ -120,6 +136,8 @@ class RecorderBase:
                 a non-empty str; a record's conversation id is unusable.
             StoreError: With an outbox, the durable write failed (nothing was queued, so
                 a demotion hook's caller keeps its watermark and retries).
+            HookBusy: ``max_queued`` items already wait for the sink (a stalled or slow
+                sink): nothing was queued.
             FencedOut: With an outbox, ``item`` is a batch whose fencing token predates
                 its conversation's erase (a late write from a worker that lost its lease);
                 nothing was queued.
@@ -139,6 +157,11 @@ class RecorderBase:
             if self._closed:
                 self._dispatcher.dropped()
                 return
+            if self._dispatcher.unfinished >= self.max_queued:
+                raise HookBusy(
+                    f"recorder queue is full: max_queued={self.max_queued} items wait for the "
+                    "sink; nothing was queued (a demotion keeps its watermark and retries)"
+                )
             row = None
             if self.outbox is not None and payload is not None:
                 row = self.outbox.put(item_key, payload, conversation=conversation, fence=fence)

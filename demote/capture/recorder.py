@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from demote._closing import Closing
-from demote.capture.base import CURRENT_KEY, RecorderBase, current_key
+from demote.capture.base import CURRENT_KEY, MAX_QUEUED, RecorderBase, current_key
 from demote.capture.dispatch import Wait
 from demote.capture.outbox import SQLiteOutbox
 from demote.records import Demotion
@@ -71,15 +71,23 @@ class Recorder(RecorderBase, Closing):
         flush_timeout: Seconds ``close`` waits for queued items to drain.
         outbox: Makes queued items durable, retried and dead-lettered (see
             :class:`~demote.capture.SQLiteOutbox`).
+        max_queued: At most this many items wait for the sink (queued, in backoff, in
+            flight); past it ``enqueue`` raises :class:`~demote.errors.HookBusy` and
+            queues nothing, so a stalled sink cannot grow the process without bound.
 
     Raises:
-        ConfigError: ``sink`` is not usable or ``flush_timeout`` is negative.
+        ConfigError: ``sink``, ``flush_timeout``, ``outbox`` or ``max_queued`` is invalid.
     """
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        *,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        super().__init__(sink, flush_timeout, outbox)
+        super().__init__(sink, flush_timeout, outbox, max_queued)
         self._queue: queue.SimpleQueue[None] = queue.SimpleQueue()  # wake-ups
         self._thread: threading.Thread | None = None
 
@@ -159,15 +167,21 @@ class AsyncRecorder(RecorderBase):
             ``async adeliver(item)`` (preferred) or ``deliver(item)``.
         flush_timeout: Seconds ``aclose`` waits for queued items to drain.
         outbox: Makes queued items durable, retried and dead-lettered.
+        max_queued: At most this many items wait for the sink (see :class:`Recorder`).
 
     Raises:
-        ConfigError: ``sink`` is not usable or ``flush_timeout`` is negative.
+        ConfigError: ``sink``, ``flush_timeout``, ``outbox`` or ``max_queued`` is invalid.
     """
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        *,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        super().__init__(sink, flush_timeout, outbox)
+        super().__init__(sink, flush_timeout, outbox, max_queued)
         self._queue: asyncio.Queue[None] = asyncio.Queue()  # wake-ups
         self._task: asyncio.Task[None] | None = None
 

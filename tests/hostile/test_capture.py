@@ -190,6 +190,9 @@ for cls in (Recorder, AsyncRecorder):
     PROBES += probes_for(
         name, "outbox", ["outbox.db", 3, object()], lambda e, v, cls=cls: cls(print, outbox=v)
     )
+    PROBES += probes_for(
+        name, "max_queued", BAD_COUNTS, lambda e, v, cls=cls: cls(print, max_queued=v)
+    )
 
 
 # -- odd items: stored as the outbox can hold them, delivered, nothing stuck ---------------

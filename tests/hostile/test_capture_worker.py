@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from demote.capture import AsyncRecorder, Recorder, RetryPolicy, SQLiteOutbox
-from demote.errors import StoreError
+from demote.errors import HookBusy, StoreError
 from tests.hostile.harness import wait_for
 
 FAST = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.01)
@@ -188,3 +189,31 @@ def test_a_huge_attempt_count_retries_without_hanging(tmp_path: Path) -> None:
     began = time.monotonic()
     assert policy.delay(2**31 - 2) == 0.0
     assert time.monotonic() - began < 1
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "outbox"])
+def test_a_stalled_sink_bounds_the_queue(durable: bool, tmp_path: Path) -> None:
+    release = threading.Event()
+    got: list[Any] = []
+
+    def sink(item: Any) -> None:
+        release.wait(10)
+        got.append(item)
+
+    box = SQLiteOutbox(tmp_path / "o.db") if durable else None
+    r = Recorder(sink, flush_timeout=5, outbox=box, max_queued=3)
+    for i in range(3):
+        r.enqueue({"i": i})
+    with pytest.raises(HookBusy, match="max_queued"):
+        r.enqueue({"i": 3})
+    if box is not None:
+        assert box.pending() == 3  # the refused item wrote nothing
+    release.set()
+    assert wait_for(lambda: len(got) == 3)
+    r.enqueue({"i": 4})  # room again
+    assert wait_for(lambda: len(got) == 4)
+    r.close()
+    assert [g["i"] for g in got] == [0, 1, 2, 4]
+    if box is not None:
+        assert box.pending() == 0
+        box.close()
