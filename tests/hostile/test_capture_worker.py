@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 
+from demote import Demoter, SlidingWindow, SQLiteArchive
 from demote.capture import AsyncRecorder, Recorder, RetryPolicy, SQLiteOutbox
 from demote.errors import HookBusy, StoreError
+from demote.records import storable_text
 from tests.hostile.harness import wait_for
+from tests.strategies import Msg
 
 FAST = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.01)
 
@@ -217,3 +220,22 @@ def test_a_stalled_sink_bounds_the_queue(durable: bool, tmp_path: Path) -> None:
     if box is not None:
         assert box.pending() == 0
         box.close()
+
+
+def test_a_lone_surrogate_never_blocks_a_conversation_behind_a_durable_recorder(
+    tmp_path: Path,
+) -> None:
+    archive = SQLiteArchive(tmp_path / "archive.db")
+    box = SQLiteOutbox(tmp_path / "o.db")
+    r = Recorder(archive, flush_timeout=5, outbox=box)
+    d = Demoter(SlidingWindow.last_messages(2), r)
+    texts = ["lone \ud800 surrogate", "ok", "q", "a"]
+    history = [Msg(("user", "assistant")[i % 2], t) for i, t in enumerate(texts)]
+    w = d.load("c", history, lambda m: d.describe(m.role, m.text))
+    assert (w.start, w.pending, w.delivered) == (2, 0, 2)  # queued: the watermark moved on
+    assert wait_for(lambda: archive.count("c") == 2 and box.pending() == 0)
+    assert archive.messages("c")[0].text == storable_text(texts[0])
+    d.close()
+    r.close()
+    box.close()
+    archive.close()
