@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from demote._flow import Call, Flow, Op
+from demote._validate import seconds
 from demote.engine import Demoter
 from demote.erase import EraseReport
 from demote.records import MessageRecord, make_key
@@ -65,6 +66,8 @@ def erase_conversation(
         also: The adapter's capture, if any.
         wait: Passed to :meth:`demote.Demoter.erase`.
     """
+    if wait is not None:  # before the inner store is touched: a refusal changes nothing
+        seconds("wait", wait, zero=True)
     held: Sequence[tuple[int, T]] = yield read
     if clear is not None:
         yield clear

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from demote._delivery import DeliveryMixin, Hold
 from demote._flow import Call, Flow, Sleep
+from demote._validate import seconds
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError
 from demote.records import MessageRecord, make_key
@@ -39,7 +40,8 @@ class EraseMixin(DeliveryMixin):
         if messages is not None and describe is not None:
             derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
             keys = list(dict.fromkeys([*derived, *(keys or ())]))
-        deadline = time.monotonic() + (self.lease_ttl if wait is None else wait)
+        wait = self.lease_ttl if wait is None else seconds("wait", wait, zero=True)
+        deadline = time.monotonic() + wait
         hold: Hold | None = None
         took_over = False
         try:

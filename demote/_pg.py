@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
+from demote._validate import seconds
 from demote.errors import ConfigError, MissingExtraError, StoreError
 from demote.state._deadline import Deadline, idle_socket_has_data, loop_deadline, thread_deadline
 from demote.state._loops import PerLoop
@@ -37,11 +38,7 @@ T = TypeVar("T")
 
 def positive(name: str, value: float) -> float:
     """``value`` as a float if it is a finite number of seconds > 0, else ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
+    return seconds(name, value)  # (a huge int made math.isfinite raise OverflowError)
 
 
 def _dead(conn: Any) -> bool:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 
-from demote.errors import ConfigError
+from demote.errors import ArgumentTypeError, ConfigError
 
-__all__ = ["MAX_COUNT", "MAX_SECONDS", "count", "seconds"]
+__all__ = ["MAX_COUNT", "MAX_SECONDS", "count", "file_path", "seconds"]
 
 #: The largest count an option takes (a LIMIT, a batch, a cache size): above it, a
 #: number is a mistake, and it would overflow the integers SQL engines and C code use.
@@ -45,3 +46,22 @@ def count(name: str, value: object, minimum: int = 1, maximum: int = MAX_COUNT) 
     if value > maximum:
         raise ConfigError(f"{name}: must be <= {maximum}, got {value!r:.24}")
     return value
+
+
+def file_path(name: str, value: object) -> str:
+    """``value`` as a file path: a non-empty ``str`` or ``os.PathLike`` of one, no NUL.
+
+    Raises:
+        ArgumentTypeError: naming ``name``, for anything else (``None``, bytes, a number).
+        ConfigError: naming ``name``, for an empty path or one with a NUL or lone surrogate.
+    """
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise ArgumentTypeError(f"{name}: must be a str or os.PathLike path, got {value!r:.40}")
+    if not path or "\x00" in path:
+        raise ConfigError(f"{name}: must be a non-empty path without NUL, got {path!r:.40}")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name}: is not valid Unicode text: {path!r:.40}") from None
+    return path

@@ -58,7 +58,11 @@ def erase_thread(
             "erase: this middleware names conversations with conversation_id=...; "
             "pass the conversation's id: erase(thread_id, conversation_id=...)"
         )
-    cid = validate_conversation_id(thread_id if conversation_id is None else conversation_id)
+    if conversation_id is None:
+        cid = validate_conversation_id(thread_id, "thread_id")
+    else:
+        cid = validate_conversation_id(conversation_id)
+        validate_conversation_id(thread_id, "thread_id")
     demoter, describe = middleware.demoter, middleware._describe
     if checkpointer is None:
         return erase_conversation(

@@ -27,6 +27,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.runnables.config import RunnableConfig, var_child_runnable_config
 
+from demote.errors import ArgumentTypeError
 from demote.events import DemoteEvent
 
 __all__ = ["EVENT_PREFIX", "adispatch_events", "dispatch_events", "event_name"]
@@ -40,12 +41,21 @@ def event_name(event: DemoteEvent) -> str:
     return EVENT_PREFIX + event.kind
 
 
+def _check(events: object) -> bool:
+    """Are there events to dispatch? :class:`~demote.errors.ArgumentTypeError` for non-events."""
+    if isinstance(events, list | tuple) and all(isinstance(e, DemoteEvent) for e in events):
+        return bool(events)
+    raise ArgumentTypeError(f"events: must be a sequence of DemoteEvent, got {events!r:.60}")
+
+
 def _in_run(config: RunnableConfig | None) -> bool:
     """Is there a run to report to (what ``dispatch_custom_event`` needs)?"""
     if config is None:
         config = var_child_runnable_config.get()
         if config is None:
             return False
+    elif not isinstance(config, dict):
+        raise ArgumentTypeError(f"config: must be a RunnableConfig (a dict), got {config!r:.60}")
     callbacks = config.get("callbacks")
     return isinstance(callbacks, BaseCallbackManager) and callbacks.parent_run_id is not None
 
@@ -60,7 +70,8 @@ def dispatch_events(events: Sequence[DemoteEvent], *, config: RunnableConfig | N
     Returns:
         ``True`` if there was a run to dispatch them in (then every handler got them).
     """
-    if not events or not _in_run(config):
+    some = _check(events)
+    if not _in_run(config) or not some:
         return False
     for event in events:
         dispatch_custom_event(event_name(event), event.to_dict(), config=config)
@@ -71,7 +82,8 @@ async def adispatch_events(
     events: Sequence[DemoteEvent], *, config: RunnableConfig | None = None
 ) -> bool:
     """Async :func:`dispatch_events`: async handlers are awaited."""
-    if not events or not _in_run(config):
+    some = _check(events)
+    if not _in_run(config) or not some:
         return False
     for event in events:
         await adispatch_custom_event(event_name(event), event.to_dict(), config=config)

@@ -346,7 +346,10 @@ def with_demotion(
         raise ConfigError(f"demoter: expected a Demoter, got {demoter!r}")
     if conversation_id is not None and not callable(conversation_id):
         raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
-    signature = inspect.signature(factory)
+    try:
+        signature = inspect.signature(factory)
+    except (ValueError, TypeError) as exc:  # a builtin without one (dict, ...)
+        raise ConfigError(f"factory: {factory!r:.60} has no signature to mirror: {exc}") from None
 
     def name(*args: P.args, **kwargs: P.kwargs) -> str:
         if conversation_id is None:
@@ -361,6 +364,10 @@ def with_demotion(
     def get_session_history(*args: P.args, **kwargs: P.kwargs) -> DemotingChatMessageHistory:
         cid = name(*args, **kwargs)
         inner = factory(*args, **kwargs)
+        if not isinstance(inner, BaseChatMessageHistory):
+            raise ConfigError(
+                f"factory: returned {type(inner).__name__}, not a BaseChatMessageHistory (inner)"
+            )
         return DemotingChatMessageHistory(inner, demoter, cid, capture=capture)
 
     get_session_history.__signature__ = signature.replace(  # type: ignore[attr-defined]

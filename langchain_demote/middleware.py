@@ -279,11 +279,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
         if recall is not None and not callable(getattr(recall, "search", None)):
             raise ConfigError(f"recall: {recall!r} has no search(conversation_id, query, k)")
-        if isinstance(recall_k, bool) or not isinstance(recall_k, int) or recall_k < 1:
-            raise ConfigError(f"recall_k: must be an int >= 1, got {recall_k!r}")
         self.demoter = demoter
         self.recall = recall
-        self.recall_k = recall_k
+        self.recall_k = count("recall_k", recall_k)
         self.recall_budget_tokens = (
             None
             if recall_budget_tokens is None

@@ -122,13 +122,12 @@ class DemotingMemory(BaseChatStoreMemory):
         capture: Capture | None = None,
         recall_budget_tokens: int | None = None,
     ) -> None:
-        validate_conversation_id(chat_store_key)
+        validate_conversation_id(chat_store_key, "chat_store_key")
         if not isinstance(demoter, Demoter):
             raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
         if recall is not None and not callable(getattr(recall, "search", None)):
             raise ConfigError(f"recall: {recall!r} has no search(conversation_id, query, k)")
-        if isinstance(recall_k, bool) or not isinstance(recall_k, int) or recall_k < 1:
-            raise ConfigError(f"recall_k: must be an int >= 1, got {recall_k!r}")
+        count("recall_k", recall_k)
         if capture is not None and not callable(getattr(capture, "capture", None)):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
         if chat_store is not None and not isinstance(chat_store, BaseChatStore):
@@ -203,6 +202,7 @@ class DemotingMemory(BaseChatStoreMemory):
         if kwargs:
             raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
         if session_id is not None:
+            validate_conversation_id(session_id, "session_id")
             if chat_store_key not in (DEFAULT_CHAT_STORE_KEY, session_id):
                 raise ConfigError(
                     f"session_id={session_id!r} and chat_store_key={chat_store_key!r} name "
@@ -306,14 +306,7 @@ class DemotingMemory(BaseChatStoreMemory):
 
     @staticmethod
     def _check_initial(initial_token_count: int) -> None:
-        if (
-            isinstance(initial_token_count, bool)
-            or not isinstance(initial_token_count, int)
-            or initial_token_count < 0
-        ):
-            raise ConfigError(
-                f"initial_token_count: must be an int >= 0, got {initial_token_count!r}"
-            )
+        count("initial_token_count", initial_token_count, minimum=0)
 
     @staticmethod
     def _fetch_k(parts: Parts) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from demote._flow import Call, Flow, Sleep, drive_async, drive_sync
+from demote._validate import count, seconds
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
@@ -40,13 +41,24 @@ from demote.capture.dispatch import (
     _Stop,
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
-from demote.errors import ConfigError, HookTimeout, StoreError
-from demote.records import CapturedTurn, Demotion
+from demote.errors import ArgumentTypeError, ConfigError, HookBusy, HookTimeout, StoreError
+from demote.records import CapturedTurn, Demotion, storable_text
 from demote.state.base import validate_conversation_id
 
-__all__ = ["CURRENT_KEY", "AsyncCall", "RecorderBase", "SyncCall", "current_key", "logger"]
+__all__ = [
+    "CURRENT_KEY",
+    "MAX_QUEUED",
+    "AsyncCall",
+    "RecorderBase",
+    "SyncCall",
+    "current_key",
+    "logger",
+]
 
 logger = logging.getLogger("demote.capture")
+
+#: Default bound on the items a Recorder holds for its sink (queued, retried, in flight).
+MAX_QUEUED = 100_000
 
 _POLL_SECONDS = 0.01  # how often erase looks whether the sink has finished an item
 
@@ -86,15 +98,18 @@ class RecorderBase:
     """What both Recorders share: admission, bookkeeping, outbox actions, reporting."""
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, int | float):
-            raise ConfigError(f"flush_timeout must be a number, got {flush_timeout!r}")
-        if not flush_timeout >= 0:
-            raise ConfigError(f"flush_timeout must be >= 0, got {flush_timeout}")
+        self.flush_timeout = seconds("flush_timeout", flush_timeout, zero=True)
+        self.max_queued = count("max_queued", max_queued)
+        if outbox is not None and not isinstance(outbox, SQLiteOutbox):
+            raise ArgumentTypeError(f"outbox: must be an SQLiteOutbox or None, got {outbox!r:.40}")
         self._sync_call, self._async_call = _resolve(sink)
         self._sink = sink
-        self.flush_timeout = float(flush_timeout)
         self.outbox = outbox
         self._dispatcher = Dispatcher(outbox.retry if outbox is not None else None)
         self._lock = threading.Lock()
@@ -117,10 +132,12 @@ class RecorderBase:
             key: Dedup key for a plain value (records bring their own); a uuid if omitted.
 
         Raises:
-            ConfigError: With an outbox, ``item`` cannot be serialised; or ``key`` is not
-                a non-empty str.
+            ConfigError: With an outbox, ``item`` cannot be serialised; ``key`` is not
+                a non-empty str; a record's conversation id is unusable.
             StoreError: With an outbox, the durable write failed (nothing was queued, so
                 a demotion hook's caller keeps its watermark and retries).
+            HookBusy: ``max_queued`` items already wait for the sink (a stalled or slow
+                sink): nothing was queued.
             FencedOut: With an outbox, ``item`` is a batch whose fencing token predates
                 its conversation's erase (a late write from a worker that lost its lease);
                 nothing was queued.
@@ -130,14 +147,21 @@ class RecorderBase:
                 self._dispatcher.dropped()
             return
         item_key = dedup_key(item, key)
-        payload = encode(item) if self.outbox is not None else None
         conversation = conversation_of(item)
+        if conversation is not None:  # a record's id, as every store refuses a bad one
+            validate_conversation_id(conversation, "conversation")
+        payload = encode(item) if self.outbox is not None else None
         fence = item.fence if isinstance(item, Demotion) else None
         self._ensure_started()
         with self._lock:
             if self._closed:
                 self._dispatcher.dropped()
                 return
+            if self._dispatcher.unfinished >= self.max_queued:
+                raise HookBusy(
+                    f"recorder queue is full: max_queued={self.max_queued} items wait for the "
+                    "sink; nothing was queued (a demotion keeps its watermark and retries)"
+                )
             row = None
             if self.outbox is not None and payload is not None:
                 row = self.outbox.put(item_key, payload, conversation=conversation, fence=fence)
@@ -259,13 +283,22 @@ class RecorderBase:
         envelopes = []
         for row in rows:
             try:
+                # A row is read back with whatever types the file holds: only a whole one
+                # reaches the dispatcher, whose arithmetic would crash the worker on others.
+                if not isinstance(row.key, str) or type(row.attempts) is not int:
+                    raise StoreError(
+                        f"corrupt row: key {row.key!r:.40}, attempts {row.attempts!r:.40}"
+                    )
+                if not isinstance(row.payload, str):
+                    raise StoreError(f"corrupt row: payload is {type(row.payload).__name__}")
                 item = decode(row.payload)
                 envelopes.append(
                     Envelope(row.key, item, row.id, row.attempts, conversation_of(item))
                 )
             except StoreError as exc:
-                logger.error("outbox row %d (key %s) is unreadable: %s", row.id, row.key, exc)
-                self.outbox.bury(row.id, row.attempts, str(exc))
+                logger.error("outbox row %s is unreadable: %s", row.id, exc)
+                attempts = row.attempts if type(row.attempts) is int else 0
+                self.outbox.bury(row.id, attempts, storable_text(str(exc)))
         return envelopes
 
     def _step(self) -> Deliver | Wait | None:

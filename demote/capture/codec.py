@@ -14,6 +14,9 @@ Durable form (one JSON object per item, ``"v": 1``):
 * ``CapturedTurn``: all five fields.
 * anything else: stored as strict JSON (no NaN or infinity). It comes back as JSON does:
   tuples as lists, non-string dict keys as strings.
+
+Text is stored as :func:`~demote.records.storable_text` makes it: a lone surrogate
+comes back as U+FFFD.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import uuid
 from typing import Any
 
 from demote.errors import ConfigError, StoreError
-from demote.records import ROLES, CapturedTurn, DemotedMessage, Demotion
+from demote.records import ROLES, CapturedTurn, DemotedMessage, Demotion, storable_text
 
 __all__ = ["conversation_of", "decode", "dedup_key", "encode", "is_blank"]
 
 _VERSION = 1
+_MAX_KEY = 16_384  # as long as a conversation id may be
 
 
 def is_blank(item: object) -> bool:
@@ -77,8 +81,15 @@ def dedup_key(item: object, key: str | None = None) -> str:
     if isinstance(item, CapturedTurn):
         return item.key
     if key is not None:
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"key must be a non-empty str, got {key!r}")
+        if not isinstance(key, str) or not key or "\x00" in key or len(key) > _MAX_KEY:
+            raise ConfigError(
+                f"key must be a non-empty str of at most {_MAX_KEY} characters without NUL, "
+                f"got {key!r:.40}"
+            )
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:  # an outbox could not store it; lossy would merge keys
+            raise ConfigError(f"key is not valid Unicode text: {key!r:.40}") from None
         return key
     return uuid.uuid4().hex
 
@@ -111,8 +122,11 @@ def encode(item: object) -> str:
         doc = {"kind": "json", "value": item}
     doc["v"] = _VERSION
     try:
-        return json.dumps(doc, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        # A lone surrogate in any text becomes U+FFFD (storable_text), as in every store:
+        # SQLite cannot hold it, and refusing the item would block its conversation.
+        text = json.dumps(doc, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        return storable_text(text)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(
             f"an outbox item must be a Demotion, a CapturedTurn or strict JSON; "
             f"cannot serialise {type(item).__name__}: {exc}"

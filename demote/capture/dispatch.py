@@ -28,7 +28,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from demote._validate import count, seconds
 from demote.errors import ConfigError
+from demote.records import storable_text
 
 __all__ = [
     "STOP",
@@ -40,7 +42,25 @@ __all__ = [
     "RetryPolicy",
     "Verdict",
     "Wait",
+    "describe_error",
 ]
+
+
+#: The longest error text kept per failed item (logged and stored in the outbox).
+MAX_ERROR_CHARS = 2_000
+
+
+def describe_error(error: BaseException) -> str:
+    """``"Type: message"`` for a sink's failure, as an outbox can store it; never raises.
+
+    A sink's exception is arbitrary: its ``str`` may raise, be megabytes long, or hold a
+    lone surrogate (which SQLite cannot store): none of that may stop the worker.
+    """
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except Exception:  # a broken __str__
+        text = f"{type(error).__name__}: <unprintable error>"
+    return storable_text(text[:MAX_ERROR_CHARS])
 
 
 class _Stop:
@@ -69,16 +89,21 @@ class RetryPolicy:
     max_delay: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_delay < 0 or self.max_delay < self.base_delay:
+        # NaN passed the old ``<`` checks: max_delay=nan then killed the worker thread at
+        # the first failure, max_attempts=nan never dead-lettered.
+        count("RetryPolicy.max_attempts", self.max_attempts)
+        base = seconds("RetryPolicy.base_delay", self.base_delay, zero=True)
+        top = seconds("RetryPolicy.max_delay", self.max_delay, zero=True)
+        if top < base:
             raise ConfigError(
-                f"need 0 <= base_delay <= max_delay, got {self.base_delay}, {self.max_delay}"
+                f"RetryPolicy: need base_delay <= max_delay, got base_delay={base:g}, "
+                f"max_delay={top:g}"
             )
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed attempt (1-based)."""
-        return float(min(self.max_delay, self.base_delay * 2 ** max(0, failures - 1)))
+        # The exponent is capped: 2 ** 2e9 would take the worker minutes to compute.
+        return float(min(self.max_delay, self.base_delay * 2 ** min(max(0, failures - 1), 60)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +278,7 @@ class Dispatcher:
         if error is None:
             self._stats = replace(s, delivered=s.delivered + 1)
             return Decision(Verdict.ACK, envelope)
-        reason = f"{type(error).__name__}: {error}"
+        reason = describe_error(error)
         if erased:
             self._stats = replace(s, erased=s.erased + 1)
             return Decision(Verdict.ERASED, envelope, reason)

@@ -68,12 +68,15 @@ from typing import Any, Literal
 
 from demote._closing import Closing
 from demote._sqlite_kind import OUTBOX, check_kind, claim_kind
+from demote._validate import count, file_path, seconds
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
-from demote.capture.codec import decode
+from demote.capture.codec import decode, dedup_key
 from demote.capture.dispatch import RetryPolicy
 from demote.erase import conversation_hash
-from demote.errors import ConfigError, FencedOut, StoreError
+from demote.errors import ArgumentTypeError, ConfigError, FencedOut, StoreError
+from demote.records import storable_text
+from demote.state.base import validate_conversation_id
 
 __all__ = ["CheckpointStats", "DeadLetter", "OutboxRow", "SQLiteOutbox"]
 
@@ -94,7 +97,8 @@ class DeadLetter:
 
     Attributes:
         key: Its dedup key.
-        item: The item, read back (a ``Demotion`` has ``raw=None`` on every message).
+        item: The item, read back (a ``Demotion`` has ``raw=None`` on every message);
+            ``None`` for a row whose payload was unreadable (``error`` says why).
         attempts: How many deliveries were tried.
         error: The last error, as ``"Type: message"``.
         failed_at: When it was given up on (Unix time).
@@ -108,11 +112,34 @@ class DeadLetter:
 
 
 @contextmanager
-def _translated(path: str, action: str) -> Iterator[None]:
+def _translated(path: str, action: str, timeout: float | None = None) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as exc:
-        raise StoreError(f"outbox {path!r}: {action} failed: {exc}") from exc
+        waited = ""
+        if timeout is not None and "locked" in str(exc):
+            waited = f" (another writer held the file's lock for timeout={timeout:g} s)"
+        raise StoreError(f"outbox {path!r}: {action} failed: {exc}{waited}") from exc
+
+
+def _fence(fence: object) -> int | None:
+    """A fencing token as SQLite can store it (a 64-bit int), or ``None``."""
+    return None if fence is None else count("fence", fence, minimum=0, maximum=2**63 - 1)
+
+
+def _dead_letter(key: object, payload: object, attempts: object, err: object, at: object) -> Any:
+    """A dead letter as read back; an unreadable payload's item is ``None`` (never raises)."""
+    try:
+        item = decode(payload) if isinstance(payload, str) else None
+    except StoreError:
+        item = None  # a corrupt row buried by the Recorder: its error says why
+    return DeadLetter(
+        key=str(key),
+        item=item,
+        attempts=attempts if type(attempts) is int else 0,
+        error=None if err is None else str(err),
+        failed_at=float(at) if isinstance(at, int | float) else 0.0,
+    )
 
 
 class SQLiteOutbox(WalCheckpoints, Closing):
@@ -131,9 +158,15 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             16 MiB at SQLite's default page size). Past it the checkpoint thread makes the
             WAL start over; at twice it a commit checkpoints inline (see the module
             docstring).
+        timeout: Seconds a write (``put`` on the request path, the worker's updates)
+            waits for another process's write lock before it fails with
+            :class:`~demote.errors.StoreError`. Short by default: a demotion hook's caller
+            keeps its watermark and retries on a later load, which beats holding a
+            request for a lock another writer may keep for long.
 
     Raises:
-        ConfigError: ``synchronous``, ``checkpoint_every`` or ``wal_limit`` is invalid.
+        ConfigError: ``path``, ``retry``, ``synchronous``, ``checkpoint_every``,
+            ``wal_limit`` or ``timeout`` is invalid.
         StoreError: The file cannot be opened or is not an outbox.
     """
 
@@ -145,18 +178,20 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         checkpoint_every: int = 256,
         wal_limit: int = 4096,
+        timeout: float = 2.0,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
-            raise ConfigError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int):
-            raise ConfigError(f"checkpoint_every must be an int, got {checkpoint_every!r}")
-        if isinstance(wal_limit, bool) or not isinstance(wal_limit, int):
-            raise ConfigError(f"wal_limit must be an int, got {wal_limit!r}")
-        if not 1 <= checkpoint_every <= wal_limit:
+            raise ConfigError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r:.40}")
+        count("checkpoint_every", checkpoint_every)
+        count("wal_limit", wal_limit)
+        if checkpoint_every > wal_limit:
             raise ConfigError(
-                f"need 1 <= checkpoint_every <= wal_limit, got {checkpoint_every}, {wal_limit}"
+                f"need checkpoint_every <= wal_limit, got {checkpoint_every}, {wal_limit}"
             )
-        self.path = str(path)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ArgumentTypeError(f"retry: must be a RetryPolicy or None, got {retry!r:.40}")
+        self.timeout = seconds("timeout", timeout, zero=True)
+        self.path = file_path("outbox path", path)
         self.retry = retry if retry is not None else RetryPolicy()
         self.checkpoint_every = checkpoint_every
         self.wal_limit = wal_limit
@@ -164,17 +199,23 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         self._init_checkpoints()
         with _translated(self.path, "open"):
             self._db = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None, timeout=30
+                self.path, check_same_thread=False, isolation_level=None, timeout=self.timeout
             )
-            (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
-            claimed = check_kind(self._db, self.path, OUTBOX, schema.OWN_TABLES)
-            schema.create(self._db)
-            if not claimed:
-                claim_kind(self._db, OUTBOX)
-            if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
-                self._start_checkpoints(synchronous)
+        try:
+            with _translated(self.path, "open", self.timeout):
+                # Whose file it is comes first: switching a foreign file to WAL writes to it.
+                claimed = check_kind(self._db, self.path, OUTBOX, schema.OWN_TABLES)
+                (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+                self._db.execute(f"PRAGMA synchronous={synchronous}")
+                self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
+                schema.create(self._db)
+                if not claimed:
+                    claim_kind(self._db, OUTBOX)
+                if str(mode).lower() == "wal":  # not for ":memory:": nothing to checkpoint
+                    self._start_checkpoints(synchronous)
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         """Stop the checkpoint thread and close the connections (rows stay in the file).
@@ -203,8 +244,16 @@ class SQLiteOutbox(WalCheckpoints, Closing):
                 stored.
             StoreError: The write failed.
         """
+        fence = _fence(fence)
+        if not isinstance(payload, str):
+            raise ArgumentTypeError(f"payload: must be a str, got {type(payload).__name__}")
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        key, payload = dedup_key(None, key), storable_text(payload)
+        if conversation is not None:
+            validate_conversation_id(conversation, "conversation")
         h = None if conversation is None else conversation_hash(conversation)
-        with self._lock, _translated(self.path, "put"):
+        with self._lock, _translated(self.path, "put", self.timeout):
             # One statement, so the fence check and the write are atomic across processes
             # (no fence, no conversation: the NULL compares as false and the row goes in).
             cursor = self._db.execute(
@@ -249,8 +298,9 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         Raises:
             StoreError: The delete or the checkpoint failed.
         """
-        h = conversation_hash(conversation_id)
-        with self._lock, _translated(self.path, "erase"):
+        h = conversation_hash(validate_conversation_id(conversation_id))
+        fence = _fence(fence)
+        with self._lock, _translated(self.path, "erase", self.timeout):
             with self._transaction():
                 removed = sum(
                     self._db.execute(f"DELETE FROM {table} WHERE conversation = ?", (h,)).rowcount
@@ -268,13 +318,13 @@ class SQLiteOutbox(WalCheckpoints, Closing):
 
     def ack(self, row: int) -> None:
         """Forget a delivered item."""
-        with self._lock, _translated(self.path, "ack"):
+        with self._lock, _translated(self.path, "ack", self.timeout):
             self._db.execute("DELETE FROM outbox WHERE id = ?", (row,))
             self._committed()
 
     def fail(self, row: int, attempts: int, error: str | None) -> None:
         """Record a failed attempt of an item that will be retried."""
-        with self._lock, _translated(self.path, "fail"):
+        with self._lock, _translated(self.path, "fail", self.timeout):
             self._db.execute(
                 "UPDATE outbox SET attempts = ?, last_error = ? WHERE id = ?",
                 (attempts, error, row),
@@ -283,7 +333,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
 
     def bury(self, row: int, attempts: int, error: str | None) -> None:
         """Move an item that failed its last attempt to the dead letters."""
-        with self._lock, _translated(self.path, "bury"):
+        with self._lock, _translated(self.path, "bury", self.timeout):
             with self._transaction():
                 self._db.execute(
                     "INSERT INTO dead_letters"
@@ -315,10 +365,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             rows = self._db.execute(
                 "SELECT key, payload, attempts, error, failed_at FROM dead_letters ORDER BY id"
             ).fetchall()
-        return [
-            DeadLetter(key=key, item=decode(payload), attempts=attempts, error=err, failed_at=at)
-            for key, payload, attempts, err, at in rows
-        ]
+        return [_dead_letter(*row) for row in rows]
 
     def replay_dead_letters(self) -> int:
         """Put every dead letter back in line with a fresh attempt count.
@@ -333,7 +380,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
 
     def revive(self) -> list[OutboxRow]:
         """Move the dead letters back into the outbox; returns the new rows."""
-        with self._lock, _translated(self.path, "replay_dead_letters"):
+        with self._lock, _translated(self.path, "replay_dead_letters", self.timeout):
             with self._transaction():
                 first = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()
                 self._db.execute(

@@ -41,18 +41,25 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import queue
 import threading
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from demote._closing import Closing
-from demote.capture.base import CURRENT_KEY, RecorderBase, current_key
+from demote.capture.base import CURRENT_KEY, MAX_QUEUED, RecorderBase, current_key
 from demote.capture.dispatch import Wait
 from demote.capture.outbox import SQLiteOutbox
 from demote.records import Demotion
 
 __all__ = ["AsyncRecorder", "Recorder", "current_key"]
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    """``result`` awaited: ``Runner.run`` takes coroutines only, a sink may return futures."""
+    return await result
 
 
 class Recorder(RecorderBase, Closing):
@@ -64,15 +71,23 @@ class Recorder(RecorderBase, Closing):
         flush_timeout: Seconds ``close`` waits for queued items to drain.
         outbox: Makes queued items durable, retried and dead-lettered (see
             :class:`~demote.capture.SQLiteOutbox`).
+        max_queued: At most this many items wait for the sink (queued, in backoff, in
+            flight); past it ``enqueue`` raises :class:`~demote.errors.HookBusy` and
+            queues nothing, so a stalled sink cannot grow the process without bound.
 
     Raises:
-        ConfigError: ``sink`` is not usable or ``flush_timeout`` is negative.
+        ConfigError: ``sink``, ``flush_timeout``, ``outbox`` or ``max_queued`` is invalid.
     """
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        *,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        super().__init__(sink, flush_timeout, outbox)
+        super().__init__(sink, flush_timeout, outbox, max_queued)
         self._queue: queue.SimpleQueue[None] = queue.SimpleQueue()  # wake-ups
         self._thread: threading.Thread | None = None
 
@@ -124,14 +139,15 @@ class Recorder(RecorderBase, Closing):
                     with contextlib.suppress(queue.Empty):
                         self._queue.get(timeout=step.timeout)
                     continue
-                error: Exception | None = None
+                error: BaseException | None = None
                 token = CURRENT_KEY.set(step.envelope.key)
                 try:
-                    if self._sync_call is not None:
-                        self._sync_call(step.envelope.item)
-                    elif self._async_call is not None:
-                        runner.run(self._async_call(step.envelope.item))
-                except Exception as exc:  # a sink failure never kills the worker
+                    call = self._sync_call if self._sync_call is not None else self._async_call
+                    assert call is not None
+                    result = call(step.envelope.item)
+                    if inspect.isawaitable(result):  # an async sink, or a sync shell of one
+                        runner.run(_awaited(result))
+                except BaseException as exc:  # nothing a sink raises kills the worker
                     error = exc
                 finally:
                     CURRENT_KEY.reset(token)
@@ -151,15 +167,21 @@ class AsyncRecorder(RecorderBase):
             ``async adeliver(item)`` (preferred) or ``deliver(item)``.
         flush_timeout: Seconds ``aclose`` waits for queued items to drain.
         outbox: Makes queued items durable, retried and dead-lettered.
+        max_queued: At most this many items wait for the sink (see :class:`Recorder`).
 
     Raises:
-        ConfigError: ``sink`` is not usable or ``flush_timeout`` is negative.
+        ConfigError: ``sink``, ``flush_timeout``, ``outbox`` or ``max_queued`` is invalid.
     """
 
     def __init__(
-        self, sink: object, flush_timeout: float = 10, outbox: SQLiteOutbox | None = None
+        self,
+        sink: object,
+        flush_timeout: float = 10,
+        outbox: SQLiteOutbox | None = None,
+        *,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        super().__init__(sink, flush_timeout, outbox)
+        super().__init__(sink, flush_timeout, outbox, max_queued)
         self._queue: asyncio.Queue[None] = asyncio.Queue()  # wake-ups
         self._task: asyncio.Task[None] | None = None
 
@@ -221,14 +243,20 @@ class AsyncRecorder(RecorderBase):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._queue.get(), step.timeout)
                 continue
-            error: Exception | None = None
+            error: BaseException | None = None
             token = CURRENT_KEY.set(step.envelope.key)
             try:
+                result: object
                 if self._async_call is not None:
-                    await self._async_call(step.envelope.item)
-                elif self._sync_call is not None:
-                    await asyncio.to_thread(self._sync_call, step.envelope.item)
-            except Exception as exc:  # a sink failure never kills the worker
+                    result = self._async_call(step.envelope.item)
+                else:
+                    assert self._sync_call is not None
+                    result = await asyncio.to_thread(self._sync_call, step.envelope.item)
+                if inspect.isawaitable(result):
+                    await result
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                raise  # the loop's own business (a timed-out close cancels this task)
+            except BaseException as exc:  # nothing else a sink raises kills the worker
                 error = exc
             finally:
                 CURRENT_KEY.reset(token)

@@ -8,11 +8,11 @@ column holding text, JSON of another type, a foreign key at our name) is a
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, fields
 from typing import Any
 
-from demote.errors import ConfigError, ConversationIdError, StoreError
+from demote._validate import seconds
+from demote.errors import ConversationIdError, StoreError
 from demote.records import ConversationState
 from demote.state.base import validate_conversation_id
 
@@ -45,8 +45,8 @@ def state_from_row(row: tuple[Any, ...] | list[Any]) -> ConversationState:
             ok = value is None or isinstance(value, str)
         elif name in _STR:
             ok = isinstance(value, str)
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:  # a count or an index: a negative one would send the planner astray
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         if not ok:
             raise StoreError(
                 f"stored conversation state is corrupt: {name} is {type(value).__name__} "
@@ -87,11 +87,4 @@ def storable_id(conversation_id: object) -> str:
 
 def check_ttl(ttl: object) -> float:
     """``ttl`` if it is a finite number of seconds > 0, else :class:`ConfigError`."""
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, int | float)
-        or not math.isfinite(ttl)
-        or ttl <= 0
-    ):
-        raise ConfigError(f"lease ttl must be a finite number of seconds > 0, got {ttl!r}")
-    return float(ttl)
+    return seconds("lease ttl", ttl)  # (a huge int made math.isfinite raise OverflowError)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from demote._closing import Closing
 from demote.records import ConversationState
-from demote.state.base import Lease, check_states
+from demote.state.base import Lease, check_holder, check_lease, check_states
 
 __all__ = ["Op", "OpStore"]
 
@@ -28,6 +28,11 @@ class Op(Generic[T]):
 
     request: Any
     finish: Callable[[Any], T]
+
+
+def _lease(lease: Lease) -> Lease:
+    check_lease(lease)
+    return lease
 
 
 class OpStore(Closing):
@@ -93,6 +98,7 @@ class OpStore(Closing):
         gives the lease back in that step, stored or not. Returns whether it stored.
         """
         check_states(expected, new)
+        check_lease(lease, optional=True)
         return self._run(self._cas_op(conversation_id, expected, new, lease, release))
 
     def clear(self, conversation_id: str) -> ConversationState:
@@ -117,15 +123,15 @@ class OpStore(Closing):
         or ``None`` if someone holds it. ``ttl`` must be a finite number > 0
         (:class:`~demote.errors.ConfigError` otherwise).
         """
-        return self._run(self._acquire_op(conversation_id, holder, ttl))
+        return self._run(self._acquire_op(conversation_id, check_holder(holder), ttl))
 
     def renew_lease(self, lease: Lease, ttl: float) -> bool:
         """Extend ``lease`` to ``ttl`` seconds from now if it is still held and unexpired."""
-        return self._run(self._renew_op(lease, ttl))
+        return self._run(self._renew_op(_lease(lease), ttl))
 
     def release_lease(self, lease: Lease) -> None:
         """Give ``lease`` back if it is still held (by that holder and token)."""
-        self._run(self._release_op(lease))
+        self._run(self._release_op(_lease(lease)))
 
     async def aget(self, conversation_id: str) -> ConversationState | None:
         """Async :meth:`get`."""
@@ -142,6 +148,7 @@ class OpStore(Closing):
     ) -> bool:
         """Async :meth:`compare_and_set`."""
         check_states(expected, new)
+        check_lease(lease, optional=True)
         return await self._arun(self._cas_op(conversation_id, expected, new, lease, release))
 
     async def aclear(self, conversation_id: str) -> ConversationState:
@@ -158,15 +165,15 @@ class OpStore(Closing):
 
     async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
         """Async :meth:`acquire_lease`."""
-        return await self._arun(self._acquire_op(conversation_id, holder, ttl))
+        return await self._arun(self._acquire_op(conversation_id, check_holder(holder), ttl))
 
     async def arenew_lease(self, lease: Lease, ttl: float) -> bool:
         """Async :meth:`renew_lease`."""
-        return await self._arun(self._renew_op(lease, ttl))
+        return await self._arun(self._renew_op(_lease(lease), ttl))
 
     async def arelease_lease(self, lease: Lease) -> None:
         """Async :meth:`release_lease`."""
-        await self._arun(self._release_op(lease))
+        await self._arun(self._release_op(_lease(lease)))
 
     async def aclose(self) -> None:
         """Async :meth:`close`."""

@@ -47,30 +47,29 @@ __all__ = [
 MAX_ID_BYTES = 16_384
 
 
-def validate_conversation_id(conversation_id: object) -> str:
+def validate_conversation_id(conversation_id: object, name: str = "conversation_id") -> str:
     """Return ``conversation_id`` if usable, else raise :class:`ConversationIdError`.
 
     Any non-empty string of valid Unicode text up to 16 KiB is accepted: stores use it
     only as a parameter of parameterised queries, never in a path. NUL characters are
     rejected because several backends truncate at them, and lone surrogates because UTF-8
-    cannot hold them: either would merge two conversations.
+    cannot hold them: either would merge two conversations. ``name`` is what the message
+    calls the argument (an adapter's ``thread_id``, ``chat_store_key``).
     """
     if not isinstance(conversation_id, str):
-        raise ConversationIdError(
-            f"conversation_id must be a str, got {type(conversation_id).__name__}"
-        )
+        raise ConversationIdError(f"{name} must be a str, got {type(conversation_id).__name__}")
     if not conversation_id:
-        raise ConversationIdError("conversation_id must not be empty")
+        raise ConversationIdError(f"{name} must not be empty")
     if "\x00" in conversation_id:
-        raise ConversationIdError("conversation_id must not contain NUL characters")
+        raise ConversationIdError(f"{name} must not contain NUL characters")
     try:
         size = len(conversation_id.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ConversationIdError(
-            f"conversation_id is not valid Unicode text ({exc.reason} at {exc.start})"
+            f"{name} is not valid Unicode text ({exc.reason} at {exc.start})"
         ) from None
     if size > MAX_ID_BYTES:
-        raise ConversationIdError(f"conversation_id is longer than {MAX_ID_BYTES} bytes")
+        raise ConversationIdError(f"{name} is longer than {MAX_ID_BYTES} bytes")
     return conversation_id
 
 
@@ -198,3 +197,30 @@ def check_states(expected: object, new: object) -> None:
 def tombstone(current: ConversationState | None) -> ConversationState:
     """The state ``clear`` leaves: fresh, one generation after ``current``."""
     return ConversationState(generation=(current.generation if current else 0) + 1)
+
+
+def check_lease(lease: object, *, optional: bool = False) -> None:
+    """Raise :class:`~demote.errors.ArgumentTypeError` unless ``lease`` is a :class:`Lease`.
+
+    With ``optional``, ``None`` passes too. Only a store's own leases are meant here: a
+    lease is never built by hand, so anything else is a caller's mistake.
+    """
+    if optional and lease is None:
+        return
+    if not isinstance(lease, Lease):
+        hint = " or None" if optional else ""
+        raise ArgumentTypeError(f"lease: must be a Lease{hint}, got {lease!r:.80}")
+
+
+def check_holder(holder: object) -> str:
+    """``holder`` if it is a usable lease holder name (as a conversation id is), else raise."""
+    if not isinstance(holder, str) or not holder or "\x00" in holder or len(holder) > 1024:
+        raise ArgumentTypeError(
+            f"holder: must be a non-empty str of at most 1024 characters without NUL, "
+            f"got {holder!r:.40}"
+        )
+    try:
+        holder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArgumentTypeError(f"holder: is not valid Unicode text: {holder!r:.40}") from None
+    return holder

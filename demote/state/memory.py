@@ -14,7 +14,15 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from demote.records import ConversationState
-from demote.state.base import Lease, check_states, tombstone
+from demote.state._codec import check_ttl
+from demote.state.base import (
+    Lease,
+    check_holder,
+    check_lease,
+    check_states,
+    tombstone,
+    validate_conversation_id,
+)
 
 __all__ = ["InMemoryStateStore"]
 
@@ -54,7 +62,7 @@ class InMemoryStateStore:
 
     def get(self, conversation_id: str) -> ConversationState | None:
         """The stored state, or ``None``."""
-        return self._states.get(conversation_id)
+        return self._states.get(validate_conversation_id(conversation_id))
 
     def _holds(self, lease: Lease, conversation_id: str | None = None) -> bool:
         if conversation_id is not None and lease.conversation_id != conversation_id:
@@ -74,7 +82,9 @@ class InMemoryStateStore:
         release: bool = False,
     ) -> bool:
         """Store ``new`` if the current state equals ``expected`` (and ``lease`` holds)."""
+        conversation_id = validate_conversation_id(conversation_id)
         check_states(expected, new)
+        check_lease(lease, optional=True)
         with self._lock:
             ok = self._states.get(conversation_id) == expected and (
                 lease is None or self._holds(lease, conversation_id)
@@ -87,6 +97,7 @@ class InMemoryStateStore:
 
     def clear(self, conversation_id: str) -> ConversationState:
         """Leave a tombstone one generation on, and revoke the lease."""
+        conversation_id = validate_conversation_id(conversation_id)
         with self._lock:
             tomb = tombstone(self._states.get(conversation_id))
             self._states[conversation_id] = tomb
@@ -95,6 +106,7 @@ class InMemoryStateStore:
 
     def delete(self, conversation_id: str) -> None:
         """Forget the conversation's state and lease."""
+        conversation_id = validate_conversation_id(conversation_id)
         with self._lock:
             self._states.pop(conversation_id, None)
             self._leases.pop(conversation_id, None)
@@ -105,6 +117,8 @@ class InMemoryStateStore:
 
     def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
         """Take the lease for ``ttl`` seconds if it is free or expired."""
+        conversation_id = validate_conversation_id(conversation_id)
+        holder, ttl = check_holder(holder), check_ttl(ttl)
         with self._lock:
             now = self._clock()
             held = self._leases.get(conversation_id)
@@ -116,6 +130,8 @@ class InMemoryStateStore:
 
     def renew_lease(self, lease: Lease, ttl: float) -> bool:
         """Extend ``lease`` if it is still held and unexpired."""
+        check_lease(lease)
+        ttl = check_ttl(ttl)
         with self._lock:
             if not self._holds(lease):
                 return False
@@ -124,6 +140,7 @@ class InMemoryStateStore:
 
     def release_lease(self, lease: Lease) -> None:
         """Give ``lease`` back if it is still held."""
+        check_lease(lease)
         with self._lock:
             self._drop_lease(lease)
 

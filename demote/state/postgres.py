@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from demote._pg import Pools
-from demote.errors import ConfigError, StoreError
+from demote._validate import count
+from demote.errors import ArgumentTypeError, ConfigError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
@@ -91,7 +92,16 @@ class PostgresStateStore(OpStore):
         application_name: str = "demote",
     ) -> None:
         if not isinstance(table, str) or not _IDENT.fullmatch(table):
-            raise ConfigError(f"table: {table!r} is not a plain lowercase identifier")
+            raise ConfigError(f"table: {table!r:.40} is not a plain lowercase identifier")
+        if dsn is not None and not isinstance(dsn, str):  # never echoed: it may hold a password
+            raise ArgumentTypeError(f"dsn: must be a str or None, got {type(dsn).__name__}")
+        count("min_size", min_size, minimum=0, maximum=1_000)
+        count("max_size", max_size, minimum=max(1, min_size), maximum=1_000)
+        count("keepalives_idle", keepalives_idle, maximum=86_400)
+        if not isinstance(application_name, str) or not application_name.isprintable():
+            raise ArgumentTypeError(
+                f"application_name: must be a printable str, got {application_name!r:.40}"
+            )
         self.table = table
         self._sql = Sql(table)
         self._pools = Pools(

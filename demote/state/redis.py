@@ -16,6 +16,12 @@ revoke), delete, renew, release. The scripts are written once below; the sync cl
 (``redis.Redis``) and the native async one (``redis.asyncio.Redis``, one per event loop)
 are built from the same URL and options and run the same operation descriptions.
 
+A value at a state key that is not a state (not JSON, another schema, a key of another
+type) is never guessed at: reading it raises :class:`StoreError` (acquire reads it before
+writing anything, so no lease is left behind). ``clear`` repairs it with a tombstone (its
+generation restarts at 1 if the stored one is unreadable) and ``delete`` removes it, so a
+corrupt value never leaves a conversation stuck.
+
 Clients have explicit socket and connect timeouts, retry (bounded, with jittered
 exponential backoff) on connection errors, and health checks. A timeout is not retried:
 a black-holed server fails the call after ``socket_timeout``. Every redis error becomes a
@@ -28,7 +34,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from demote.errors import MissingExtraError, StoreError
+from demote._validate import count, seconds
+from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, decode_state, encode_state, storable_id
 from demote.state._loops import PerLoop
@@ -41,11 +48,14 @@ __all__ = ["RedisStateStore"]
 T = TypeVar("T")
 
 # KEYS: lease, state, fence. ARGV: holder, ttl in ms.
+# The state is read first: a script's writes stay even if a later command fails, and a
+# state key of the wrong type must not leave a lease behind that no commit can use.
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local state = redis.call('GET', KEYS[2])
 local token = redis.call('INCR', KEYS[3])
 redis.call('SET', KEYS[1], string.format('%d', token) .. ':' .. ARGV[1], 'PX', ARGV[2])
-return {token, redis.call('GET', KEYS[2])}
+return {token, state}
 """
 
 # KEYS: state, ids, lease. ARGV: expected ('' for none), new, id, lease ('' for none),
@@ -72,10 +82,20 @@ return ok
 """
 
 # KEYS: state, ids, lease. ARGV: tombstone JSON before and after its generation, id.
+# Clear repairs whatever is at the state key (not JSON, not an object, a generation that
+# is not a count, a key of another type): the generation then starts over.
 _CLEAR = """
-local current = redis.call('GET', KEYS[1])
+local found = redis.pcall('GET', KEYS[1])
 local generation = 0
-if current then generation = cjson.decode(current)['generation'] end
+if type(found) == 'string' then
+  local ok, doc = pcall(cjson.decode, found)
+  if ok and type(doc) == 'table' and type(doc['generation']) == 'number'
+     and doc['generation'] >= 0 and doc['generation'] < 2^53
+     and doc['generation'] == math.floor(doc['generation']) then
+    generation = doc['generation']
+  end
+end
+redis.call('DEL', KEYS[1])
 local tomb = ARGV[1] .. string.format('%d', generation + 1) .. ARGV[2]
 redis.call('SET', KEYS[1], tomb)
 redis.call('SADD', KEYS[2], ARGV[3])
@@ -117,6 +137,9 @@ _TOMB_HEAD, _TOMB_TAIL = encode_state(tombstone(None)).split('"generation":1')
 _TOMB_HEAD += '"generation":'
 
 
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
 def _op(name: str, keys: tuple[str, ...], args: tuple[str | int, ...], finish: Any) -> Op[Any]:
     """A command (``get``, ``scard``) or script (a key of ``_SCRIPTS``) and its reading."""
     return Op((name, keys, args), finish)
@@ -132,6 +155,31 @@ def _ms(ttl: float) -> int:
 
 def _optional_state(raw: Any) -> ConversationState | None:
     return None if raw is None else decode_state(raw)
+
+
+def _check_options(
+    url: object, client: object, async_client: object, prefix: object, **options: object
+) -> tuple[str, str]:
+    """The URL (default: the local server) and prefix, once every option is checked."""
+    if url is None:
+        url = "redis://127.0.0.1:6379/0"
+    if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        shown = type(url).__name__ if not isinstance(url, str) else "a str of another scheme"
+        raise ConfigError(f"url: must be a redis URL ({', '.join(_SCHEMES)}...), got {shown}")
+    for name, given in (("client", client), ("async_client", async_client)):
+        if given is not None and not callable(getattr(given, "register_script", None)):
+            raise ArgumentTypeError(f"{name}: must be a redis client, got {given!r:.40}")
+    if not isinstance(prefix, str) or "\x00" in prefix or len(prefix) > 1024:
+        raise ArgumentTypeError(f"prefix: must be a str without NUL, got {prefix!r:.40}")
+    try:
+        prefix.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"prefix: is not valid Unicode text: {prefix!r:.40}") from None
+    for name in ("socket_timeout", "socket_connect_timeout", "health_check_interval"):
+        seconds(name, options[name])
+    count("retries", options["retries"], minimum=0, maximum=100)
+    count("max_connections", options["max_connections"])
+    return url, prefix
 
 
 class RedisStateStore(OpStore):
@@ -175,12 +223,22 @@ class RedisStateStore(OpStore):
             import redis.retry
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingExtraError("redis", "redis") from exc
+        url, prefix = _check_options(
+            url,
+            client,
+            async_client,
+            prefix,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            retries=retries,
+            health_check_interval=health_check_interval,
+            max_connections=max_connections,
+        )
         self.prefix = prefix
         self._ids = f"{prefix}ids"
         self._fence = f"{prefix}fence"
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._owns_client = client is None
-        url = url or "redis://127.0.0.1:6379/0"
         options: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_connect_timeout,
@@ -201,7 +259,10 @@ class RedisStateStore(OpStore):
 
         with self._translated("cannot reach redis"):
             if client is None:
-                client = redis.Redis.from_url(url, retry=retry(redis.retry), **options)
+                try:
+                    client = redis.Redis.from_url(url, retry=retry(redis.retry), **options)
+                except ValueError as exc:  # never echoed: a URL may carry a password
+                    raise ConfigError(f"url: not a usable redis URL: {exc}") from None
             self._redis = client
             self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
             client.ping()

@@ -12,6 +12,12 @@ transaction, so the lease check, the comparison, the write and the release happe
 step across processes. Reads are one statement. Conversation ids are only ever bound as
 query parameters.
 
+A row that is not a state (a column of the wrong type, a negative index) is never
+guessed at: reading it raises :class:`~demote.errors.StoreError`, so the conversation's
+loads fail loudly. ``clear`` (``Demoter.clear``) repairs it, replacing it with a
+tombstone (its generation restarts at 1 if the stored one is unreadable), and ``delete``
+(``forget``, ``erase``) removes it: a corrupt row never leaves a conversation stuck.
+
 Erase: the connection runs with ``secure_delete`` on, so a deleted state (its summary,
 its id) is overwritten in the file rather than left in free space, and a delete (what
 :meth:`demote.Demoter.erase` and ``forget`` call) ends with a ``TRUNCATE`` checkpoint, so
@@ -34,7 +40,7 @@ from dataclasses import astuple
 from typing import TypeVar
 
 from demote._sqlite_kind import check_kind
-from demote._validate import seconds
+from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.errors import StoreError
 from demote.records import ConversationState
@@ -134,7 +140,7 @@ class SQLiteStateStore(OpStore):
         clock: Callable[[], float] = time.time,
     ) -> None:
         timeout = seconds("timeout", timeout, zero=True)
-        self.path = os.fspath(path)
+        self.path = file_path("state store path", path)
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = False
@@ -146,6 +152,8 @@ class SQLiteStateStore(OpStore):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
         try:
+            # Whose file it is comes first: switching a foreign file to WAL writes to it.
+            check_kind(self._db, self.path, APPLICATION_ID, _OWN_TABLES)
             self._wal(timeout)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
@@ -275,13 +283,13 @@ class SQLiteStateStore(OpStore):
         cid = storable_id(conversation_id)
 
         def clear(db: sqlite3.Connection) -> ConversationState:
-            # Only the generation is read: clearing also repairs an otherwise corrupt row.
+            # Only the generation is read: clearing repairs a corrupt row, whose reads raise
+            # StoreError (a corrupt generation starts over, as a never-seen one does).
             row = db.execute(
                 "SELECT generation FROM demote_state WHERE conversation_id = ?", (cid,)
             ).fetchone()
-            if row is not None and type(row[0]) is not int:
-                raise StoreError(f"stored generation of {cid!r} is corrupt: {row[0]!r:.40}")
-            tomb = tombstone(None if row is None else ConversationState(generation=row[0]))
+            readable = row is not None and type(row[0]) is int and row[0] >= 0
+            tomb = tombstone(ConversationState(generation=row[0]) if readable else None)
             db.execute(_UPSERT, (cid, *astuple(tomb)))
             db.execute("DELETE FROM demote_lease WHERE conversation_id = ?", (cid,))
             return tomb

@@ -170,3 +170,63 @@ def probes_for(
         Probe(f"{name}({argument}={show(v)})", argument, lambda env, v=v: call(env, v), setup=setup)
         for v in values
     ]
+
+
+#: Files of another kind a store may be pointed at (see :func:`make_foreign`).
+FOREIGN_KINDS = ("state", "archive", "outbox", "corrupt", "text", "directory", "program")
+
+
+def make_foreign(path: Path, kind: str) -> Path:
+    """Put a file of ``kind`` (one of :data:`FOREIGN_KINDS`) at ``path``."""
+    if kind in ("state", "archive", "outbox"):
+        from demote import SQLiteArchive, SQLiteOutbox, SQLiteStateStore
+
+        opener: Any = {"state": SQLiteStateStore, "archive": SQLiteArchive}.get(kind, SQLiteOutbox)
+        opener(path).close()
+    elif kind == "corrupt":
+        path.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 16)
+    elif kind == "text":
+        path.write_text("not a database at all\n" * 100)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "program":  # another program's database, in rollback-journal mode
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO customers (name) VALUES ('ada')")
+        db.commit()
+        db.close()
+    else:
+        raise ValueError(kind)
+    return path
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``condition`` until it holds (``True``) or ``timeout`` passes (``False``)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def guarded(call: Callable[[Env, Any], object]) -> Callable[[Env, Any], object]:
+    """``call``, failing the probe if a refusal changed state the files do not show.
+
+    ``env.objects["dump"]``, if set, reads that state (Redis keys, Postgres rows, an
+    in-memory store, a framework's chat store): a refused call must leave it equal.
+    """
+
+    def run(env: Env, value: Any) -> object:
+        dump = env.objects.get("dump")
+        before = dump() if dump else None
+        try:
+            return call(env, value)
+        except DemoteError:
+            if dump and dump() != before:
+                raise AssertionError("refused, but the in-memory or server state changed") from None
+            raise
+
+    return run

@@ -52,7 +52,9 @@ def test_a_value_of_the_wrong_shape_is_a_store_error(
             store.acquire_lease("a", "w", 30)
 
 
-def test_a_key_of_the_wrong_type_is_a_store_error(redis_url: str, prefix: str) -> None:
+def test_a_key_of_the_wrong_type_is_a_store_error_until_cleared(
+    redis_url: str, prefix: str
+) -> None:
     raw = redis.Redis.from_url(redis_url)
     raw.hset(f"{prefix}state:a", "x", "y")
     raw.close()
@@ -60,10 +62,12 @@ def test_a_key_of_the_wrong_type_is_a_store_error(redis_url: str, prefix: str) -
         for call in (
             lambda: store.get("a"),
             lambda: store.compare_and_set("a", None, S1),
-            lambda: store.clear("a"),
+            lambda: store.acquire_lease("a", "w", 30),
         ):
             with pytest.raises(StoreError, match="WRONGTYPE"):
                 call()
+        assert store.clear("a") == ConversationState(generation=1)  # clear repairs it
+        assert store.acquire_lease("a", "w", 30) is not None
 
 
 def test_existing_clients_are_used_and_left_open(redis_url: str, prefix: str) -> None:
