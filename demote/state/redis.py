@@ -60,7 +60,13 @@ return {token, state}
 
 # KEYS: state, ids, lease. ARGV: expected ('' for none), new, id, lease ('' for none),
 # release ('1').
+# Every script that writes the ids set checks its type first: a script is not rolled back
+# on an error, so a wrong-typed ids key found by SADD would leave the state half written.
 _CAS = """
+local ids_type = redis.call('TYPE', KEYS[2])['ok']
+if ids_type ~= 'set' and ids_type ~= 'none' then
+  return redis.error_reply('demote: ' .. KEYS[2] .. ' is a ' .. ids_type .. ', not a set')
+end
 local ok = 1
 local current = redis.call('GET', KEYS[1])
 if ARGV[1] == '' then
@@ -85,6 +91,10 @@ return ok
 # Clear repairs whatever is at the state key (not JSON, not an object, a generation that
 # is not a count, a key of another type): the generation then starts over.
 _CLEAR = """
+local ids_type = redis.call('TYPE', KEYS[2])['ok']
+if ids_type ~= 'set' and ids_type ~= 'none' then
+  return redis.error_reply('demote: ' .. KEYS[2] .. ' is a ' .. ids_type .. ', not a set')
+end
 local found = redis.pcall('GET', KEYS[1])
 local generation = 0
 if type(found) == 'string' then

@@ -184,3 +184,25 @@ def test_a_state_key_of_another_type_leaves_no_lease_behind(
     assert client.get(f"{store.prefix}lease:c") is None
     store.clear("c")
     assert store.acquire_lease("c", "w", 30) is not None
+
+
+def test_an_ids_key_of_another_type_refuses_writes_before_writing_anything(
+    redis_store: tuple[RedisStateStore, Any],
+) -> None:
+    store, client = redis_store
+    d = Demoter(POLICY, state=store)
+    _load(d, "c")
+    before = client.get(f"{store.prefix}state:c")
+    client.delete(f"{store.prefix}ids")
+    client.set(f"{store.prefix}ids", "not a set")
+    # A script is not rolled back on error: the ids key's type is checked before the state
+    # is written, so the refused commit and the refused clear leave the state as it was.
+    with pytest.raises(StoreError, match="not a set"):
+        store.compare_and_set("c", store.get("c"), ConversationState(window_start=9))
+    with pytest.raises(StoreError, match="not a set"):
+        store.clear("c")
+    assert client.get(f"{store.prefix}state:c") == before
+    client.delete(f"{store.prefix}ids")  # the operator's repair
+    store.clear("c")
+    assert store.count() == 1
+    d.close()
