@@ -34,6 +34,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 from demote._closing import Closing
@@ -131,6 +132,10 @@ class SQLiteArchive(Closing):
             :data:`demote.hooks._fts.STOP_WORDS`, 189 common English function words
             and question words.
         timeout: Seconds to wait for a lock held by another connection.
+        read_only: Open an existing archive without ever writing it (``demote search``,
+            ``demote inspect``): a file of an older schema is refused instead of migrated,
+            and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
+            :class:`~demote.errors.StoreError`.
 
     Raises:
         StoreError: The file cannot be opened, is not a compatible archive, or belongs to
@@ -160,6 +165,7 @@ class SQLiteArchive(Closing):
         on_model_change: Literal["refuse", "reembed"] = "refuse",
         stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
+        read_only: bool = False,
     ) -> None:
         target = file_path("path", path)
         timeout = seconds("timeout", timeout)
@@ -186,9 +192,16 @@ class SQLiteArchive(Closing):
             _vectors.numpy()  # fail now, not at the first delivery
         self._lock = threading.RLock()
         self._closed = False
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
+        self._read_only = read_only
         try:
             self._db = sqlite3.connect(
-                target, timeout=timeout, check_same_thread=False, isolation_level=None
+                f"{Path(target).resolve().as_uri()}?mode=ro" if read_only else target,
+                timeout=timeout,
+                check_same_thread=False,
+                isolation_level=None,
+                uri=read_only,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
@@ -204,7 +217,11 @@ class SQLiteArchive(Closing):
     def _setup(self, path: str, timeout: float, reembed: bool) -> None:
         db = self._db
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: that rewrites the header
+        mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
+        if self._read_only:
+            _schema.check_current(db, path, mine)
+            _fts.create_scratch(db)  # in the temp schema, which a read-only file still has
+            return
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
@@ -243,6 +260,8 @@ class SQLiteArchive(Closing):
 
     @contextmanager
     def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            raise StoreError(f"cannot {what}: the archive is open read-only")
         with self._locked(what) as db:
             db.execute("BEGIN IMMEDIATE")
             try:

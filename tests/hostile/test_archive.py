@@ -110,6 +110,45 @@ PROBES += probes_for(
     lambda env, v: SQLiteArchive(v),
 )
 
+# -- read-only: nothing is ever written --------------------------------------------------------
+
+
+def read_only(env: Env) -> SQLiteArchive:
+    archive = SQLiteArchive(env.root / "archive.db", read_only=True)
+    env.closers.append(archive.close)
+    return archive
+
+
+PROBES += probes_for(
+    "SQLiteArchive", "read_only", ["yes", 1, None], lambda env, v: opened(env, read_only=v)
+)
+for method, args in {
+    "deliver": (demotion("A", ["late words"], 3),),
+    "erase": ("A",),
+    "delete": ("B",),
+}.items():
+    PROBES.append(
+        Probe(
+            f"SQLiteArchive(read_only=True).{method}",
+            "read-only",
+            lambda env, method=method, args=args: getattr(read_only(env), method)(*args),
+            setup=filled,
+        )
+    )
+PROBES.append(
+    Probe("SQLiteArchive(read_only=True, path=missing)", "archive", lambda env: read_only(env))
+)
+PROBES.append(
+    Probe(
+        "SQLiteArchive(read_only=True).search",
+        "query",
+        lambda env: (read_only(env).search("A", "garden basil"), read_only(env).count()),
+        True,
+        lambda r, env: only_a(r[0], env) and len(r[0]) >= 2 and r[1] == 6,
+        filled,
+    )
+)
+
 # -- a file of another kind ------------------------------------------------------------------
 
 
