@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from demote._validate import MAX_COUNT, count
+from demote._validate import count
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import storable_text
 
@@ -25,12 +25,14 @@ def weight(name: str, value: object, *, high: float = math.inf) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name}: must be a number, got {value!r:.40}")
-    if isinstance(value, int) and value > min(high, MAX_COUNT):  # float() may overflow
-        raise ConfigError(f"{name}: must be at most {min(high, MAX_COUNT):g}, got {value!r:.24}")
-    if not math.isfinite(value) or not 0 <= value <= high:
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ConfigError(f"{name}: must be a finite number, got {value!r:.24}") from None
+    if not math.isfinite(number) or not 0 <= number <= high:
         bound = f"in [0, {high:g}]" if math.isfinite(high) else ">= 0"
         raise ConfigError(f"{name}: must be a finite number {bound}, got {value!r:.40}")
-    return float(value)
+    return number
 
 
 def query(value: object) -> str:
