@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from demote._validate import count
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import storable_text
+from demote.tokens import Counter, resolve_counter
 
-__all__ = ["budget", "fence", "keys", "query", "top_k", "weight", "words"]
+__all__ = ["budget", "counter", "fence", "keys", "query", "top_k", "weight", "words"]
 
 
 def weight(name: str, value: object, *, high: float = math.inf) -> float:
@@ -85,3 +86,10 @@ def words(name: str, value: object) -> frozenset[str]:
         if not isinstance(word, str):
             raise ArgumentTypeError(f"{name}: must hold str words only, got {word!r:.40}")
     return frozenset(w.lower() for w in found)
+
+
+def counter(value: object) -> Counter:
+    """A token counter: a registered name or a ``str -> int`` callable."""
+    if not (callable(value) or isinstance(value, str)):
+        raise ArgumentTypeError(f"counter: must be a name or a callable, got {value!r:.40}")
+    return resolve_counter(value)

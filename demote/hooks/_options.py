@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from demote._validate import count
-from demote.errors import ArgumentTypeError, ConfigError
+from demote.errors import ConfigError
 from demote.hooks import _args, _rank, _search
 from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage
-from demote.tokens import Counter, resolve_counter
+from demote.tokens import Counter
 
 __all__ = ["describe", "searcher"]
 
@@ -61,10 +61,6 @@ def searcher(
         raise ConfigError(
             f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r:.40}"
         )
-    if not (callable(counter) or isinstance(counter, str)):
-        raise ArgumentTypeError(
-            f"counter: must be a counter name or a callable, got {counter!r:.40}"
-        )
     words = STOP_WORDS if stop_words is None else _args.words("stop_words", stop_words)
     return _search.Searcher(
         ranking=_rank.Ranking(
@@ -77,7 +73,7 @@ def searcher(
         speaker_weight=weights["speaker_weight"],
         fusion=fusion,  # type: ignore[arg-type]  # checked above
         dense_weight=dense,
-        count=resolve_counter(counter),
+        count=_args.counter(counter),
         stop_words=frozenset(w.lower() for w in words),
     )
 

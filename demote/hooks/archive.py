@@ -190,6 +190,9 @@ class SQLiteArchive(Closing):
         if embeddings is not None:
             self._embedder = as_embedder(embeddings)
             _vectors.numpy()  # fail now, not at the first delivery
+        # The model's dimension probe: before the file is opened (a failing model leaves no
+        # file behind) and outside any lock.
+        dims = len(self._embedder.embed_query("dimensions")) if self._embedder else None
         self._lock = threading.RLock()
         self._closed = False
         if not isinstance(read_only, bool):
@@ -206,7 +209,7 @@ class SQLiteArchive(Closing):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
         try:
-            self._setup(target, timeout, on_model_change == "reembed")
+            self._setup(target, timeout, on_model_change == "reembed", dims)
         except sqlite3.Error as exc:
             self._db.close()
             raise StoreError(f"cannot use archive {target!r}: {exc}") from exc
@@ -214,7 +217,7 @@ class SQLiteArchive(Closing):
             self._db.close()
             raise
 
-    def _setup(self, path: str, timeout: float, reembed: bool) -> None:
+    def _setup(self, path: str, timeout: float, reembed: bool, dims: int | None) -> None:
         db = self._db
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
@@ -226,9 +229,7 @@ class SQLiteArchive(Closing):
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
         _fts.create_scratch(db)
-        # A model call (the dimension probe) before the write lock, not under it.
         embedder = self._embedder
-        dims = len(embedder.embed_query("dimensions")) if embedder is not None else None
         db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
         try:
             if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
