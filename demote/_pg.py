@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
-from demote._validate import seconds
-from demote.errors import ConfigError, MissingExtraError, StoreError
+from demote._validate import count, seconds
+from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, StoreError
 from demote.state._deadline import Deadline, idle_socket_has_data, loop_deadline, thread_deadline
 from demote.state._loops import PerLoop
 
@@ -100,6 +100,20 @@ class Pools:
     ) -> None:
         if (dsn is None) == (pool is None):
             raise ConfigError("give exactly one of dsn and pool")
+        if dsn is not None and not isinstance(dsn, str):
+            raise ArgumentTypeError(f"dsn: must be a str URL, got {type(dsn).__name__}")
+        min_size = count("min_size", min_size, minimum=0, maximum=10_000)
+        max_size = count("max_size", max_size, minimum=max(1, min_size), maximum=10_000)
+        keepalives_idle = count("keepalives_idle", keepalives_idle, maximum=86_400)
+        if not isinstance(application_name, str) or not 0 < len(application_name) <= 63:
+            raise ConfigError(
+                f"application_name: must be a str of 1 to 63 characters, got "
+                f"{application_name!r:.40}"
+            )
+        if "\x00" in application_name or not application_name.isprintable():
+            raise ConfigError(f"application_name: must be printable, got {application_name!r:.40}")
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
         self.timeout = positive("timeout", timeout)
         statement_ms = round(positive("statement_timeout", statement_timeout) * 1000)
         connect = max(2, math.ceil(positive("connect_timeout", connect_timeout)))

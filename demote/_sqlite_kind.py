@@ -43,11 +43,11 @@ def check_kind(
     Raises:
         StoreError: The file belongs to another component or program (names both).
     """
+    mine = KINDS[application_id]
     try:
         (app,) = db.execute("PRAGMA application_id").fetchone()
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path!r} is not an SQLite database: {exc}") from exc
-    mine = KINDS[application_id]
+        raise StoreError(f"{path!r} is not a {mine}: not an SQLite database ({exc})") from exc
     if app == application_id:
         return True
     if app != 0:

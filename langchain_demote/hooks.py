@@ -31,8 +31,9 @@ from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter
 from demote.erase import conversation_hash
-from demote.errors import ConfigError, FencedOut
+from demote.errors import ArgumentTypeError, ConfigError, FencedOut
 from demote.events import DemoteEvent
+from demote.hooks import _args
 from demote.hooks.base import Recall
 from demote.records import DemotedMessage, Demotion, Recalled
 from demote.state.base import validate_conversation_id
@@ -90,6 +91,8 @@ class VectorStoreHook:
             raise ConfigError(f"vectorstore: expected a VectorStore, got {vectorstore!r}")
         if find_ids is not None and not callable(find_ids):
             raise ConfigError(f"find_ids: {find_ids!r} is not callable")
+        if not isinstance(skip_empty, bool):
+            raise ArgumentTypeError(f"skip_empty: must be a bool, got {skip_empty!r:.40}")
         self.vectorstore = vectorstore
         self.skip_empty = skip_empty
         self.find_ids = find_ids
@@ -97,9 +100,14 @@ class VectorStoreHook:
         self._lock = threading.Lock()
 
     def _documents(self, batch: Demotion) -> list[Document]:
+        if not isinstance(batch, Demotion):
+            raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
+        fence = _args.fence(batch.fence)
         with self._lock:
-            erased = self._fences.get(conversation_hash(batch.conversation_id))
-        if erased is not None and batch.fence is not None and batch.fence < erased:
+            erased = self._fences.get(
+                conversation_hash(validate_conversation_id(batch.conversation_id))
+            )
+        if erased is not None and fence is not None and fence < erased:
             raise FencedOut(
                 f"vector store: a batch of conversation {batch.conversation_id!r} carries "
                 f"fencing token {batch.fence}, older than its erase (token {erased}); refused"
@@ -130,8 +138,10 @@ class VectorStoreHook:
 
     def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
         """Keys already stored (empty when the store cannot look documents up by id)."""
+        conversation_id = validate_conversation_id(conversation_id)
+        wanted = _args.keys(keys)
         try:
-            found = self.vectorstore.get_by_ids(keys)
+            found = self.vectorstore.get_by_ids(wanted)
         except NotImplementedError:
             return set()
         return {
@@ -300,8 +310,7 @@ def archive_retriever(
     cid = validate_conversation_id(conversation_id)
     if not callable(getattr(archive, "search", None)):
         raise ConfigError(f"archive: {archive!r} has no search() method")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"k: must be an int >= 1, got {k!r}")
+    k = count("k", k)
     if budget_tokens is not None:
         budget_tokens = count("budget_tokens", budget_tokens)
     if demoter is not None and not isinstance(demoter, Demoter):

@@ -13,11 +13,12 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from demote import __version__
+from demote._validate import MAX_COUNT, MAX_SECONDS, seconds
 from demote.errors import DemoteError
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +41,33 @@ class _Parser(argparse.ArgumentParser):
         """Print one line naming the problem and exit with status 2."""
         sub = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
         self.exit(2, f"demote: error: {sub}{message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An option's parser: an int in ``[minimum, MAX_COUNT]`` (argparse names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int, got {text!r:.40}") from None
+        if not minimum <= value <= MAX_COUNT:
+            raise argparse.ArgumentTypeError(
+                f"must be an int from {minimum} to {MAX_COUNT}, got {text:.24}"
+            )
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """``--wait``'s parser: a finite number of seconds >= 0."""
+    try:
+        return seconds("", float(text), zero=True)
+    except (ValueError, OverflowError):  # ConfigError is a ValueError
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds from 0 to {MAX_SECONDS:g}, got {text!r:.40}"
+        ) from None
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -167,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "needs its package and API key)",
     )
     demo.add_argument(
-        "--turns", type=int, metavar="N", help="turns to play this run (default: all)"
+        "--turns", type=_count(1), metavar="N", help="turns to play this run (default: all)"
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(run=_demo)
@@ -204,10 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="for compact policies: none (cut back in bulk, a stand-in summary is priced; "
         "the default) or template (a real summary, no model)",
     )
-    rep.add_argument("-k", type=int, default=5, help="recall depth for the hit rate (default: 5)")
+    rep.add_argument(
+        "-k", type=_count(1), default=5, help="recall depth for the hit rate (default: 5)"
+    )
     rep.add_argument(
         "--system-prompt-tokens",
-        type=int,
+        type=_count(0),
         default=200,
         metavar="N",
         help="size of the system prompt priced with every call (default: 200)",
@@ -239,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
     sea.add_argument("conversation", help="the conversation id")
     sea.add_argument("query", help="the text to search for")
-    sea.add_argument("-k", type=int, default=5, help="how many messages (default: 5)")
+    sea.add_argument("-k", type=_count(1), default=5, help="how many messages (default: 5)")
     sea.set_defaults(run=_search)
 
     era = subs.add_parser(
@@ -269,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     era.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
     era.add_argument(
         "--wait",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="how long to wait for a delivery in flight (default: the lease time, 30 s)",
     )

@@ -303,7 +303,7 @@ def open_archive(
         return PostgresArchive(os.fspath(archive), table=table or "demote_archive", read_only=True)
     if table is not None:
         raise ConfigError("--archive-table goes with a PostgreSQL archive (postgresql://...)")
-    return SQLiteArchive(_existing(archive, "archive"))
+    return SQLiteArchive(_existing(archive, "archive"), read_only=True)
 
 
 def inspect_stores(

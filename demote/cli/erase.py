@@ -64,6 +64,8 @@ def file_kind(path: str | os.PathLike[str]) -> str:
 
 
 def _check(option: str, path: str | os.PathLike[str]) -> Path:
+    if not Path(path).is_file():
+        raise ConfigError(f"{option} {path}: no such file")
     kind = file_kind(path)
     if kind != _KINDS[option]:
         raise ConfigError(f"{option} {path}: not a demote {_KINDS[option]} (it is {kind})")

@@ -285,7 +285,7 @@ def load_transcript(
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TranscriptError(f"cannot read {p}: {exc}") from None
+        raise TranscriptError(f"cannot read transcript {p}: {exc}") from None
     if format in ("auto", "locomo", "langchain") and text.lstrip()[:1] in ("{", "["):
         try:
             doc = json.loads(text)

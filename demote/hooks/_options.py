@@ -8,14 +8,14 @@ context string and the speaker.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
+from demote._validate import count
 from demote.errors import ConfigError
-from demote.hooks import _rank, _search
+from demote.hooks import _args, _rank, _search
 from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage
-from demote.tokens import Counter, resolve_counter
+from demote.tokens import Counter
 
 __all__ = ["describe", "searcher"]
 
@@ -42,38 +42,38 @@ def searcher(
         ConfigError: An option is out of range; the message names it (``pool_name`` is
             what the archive calls its candidate pool).
     """
-    for name, value in (
-        ("context_weight", context_weight),
-        ("adjacent_weight", adjacent_weight),
-        ("coverage", coverage),
-        ("neighbours", neighbours),
-        ("speaker_weight", speaker_weight),
-    ):
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-    if pool < 1:
-        raise ConfigError(f"{pool_name} must be >= 1, got {pool!r}")
-    if after < 0:
-        raise ConfigError(f"after must be >= 0, got {after!r}")
+    weights = {
+        name: _args.weight(name, value)
+        for name, value in (
+            ("context_weight", context_weight),
+            ("adjacent_weight", adjacent_weight),
+            ("coverage", coverage),
+            ("neighbours", neighbours),
+            ("speaker_weight", speaker_weight),
+        )
+    }
+    pool = count(pool_name, pool)
+    after = count("after", after, minimum=0)
     if fusion not in ("weighted", "rrf"):
-        raise ConfigError(f"fusion must be 'weighted' or 'rrf', got {fusion!r}")
-    if not 0.0 <= dense_weight <= 1.0:
-        raise ConfigError(f"dense_weight must be in [0, 1], got {dense_weight!r}")
+        raise ConfigError(f"fusion must be 'weighted' or 'rrf', got {fusion!r:.40}")
+    dense = _args.weight("dense_weight", dense_weight, high=1.0)
     if on_model_change not in ("refuse", "reembed"):
-        raise ConfigError(f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r}")
-    words = STOP_WORDS if stop_words is None else stop_words
+        raise ConfigError(
+            f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r:.40}"
+        )
+    words = STOP_WORDS if stop_words is None else _args.words("stop_words", stop_words)
     return _search.Searcher(
         ranking=_rank.Ranking(
-            (0.0, 1.0, float(context_weight), float(adjacent_weight)),
+            (0.0, 1.0, weights["context_weight"], weights["adjacent_weight"]),
             pool,
-            float(coverage),
-            float(neighbours),
+            weights["coverage"],
+            weights["neighbours"],
             after,
         ),
-        speaker_weight=float(speaker_weight),
+        speaker_weight=weights["speaker_weight"],
         fusion=fusion,  # type: ignore[arg-type]  # checked above
-        dense_weight=float(dense_weight),
-        count=resolve_counter(counter),
+        dense_weight=dense,
+        count=_args.counter(counter),
         stop_words=frozenset(w.lower() for w in words),
     )
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from demote.errors import StoreError
 from demote.hooks import _erasure, _lexical, _vectors
 
-__all__ = ["VERSION", "create_or_migrate", "refresh_adjacent"]
+__all__ = ["VERSION", "check_current", "create_or_migrate", "refresh_adjacent"]
 
 VERSION = 4
 
@@ -125,3 +125,31 @@ def create_or_migrate(db: sqlite3.Connection) -> None:
         _lexical.rebuild_terms(db)  # version 1 had no statistics
     if version != VERSION:
         db.execute(f"PRAGMA user_version = {VERSION}")
+
+
+def check_current(db: sqlite3.Connection, path: str, marked: bool) -> None:
+    """For a read-only open: is the file an archive of :data:`VERSION`, usable as it is?
+
+    Args:
+        db: The read-only connection.
+        path: The file, for the error message.
+        marked: The file carries the archive's application id (else it only holds
+            archive tables, or none: a new or an older file).
+
+    Raises:
+        StoreError: The file is empty, or of another version (it is not migrated).
+    """
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version == VERSION and (marked or _has_messages(db)):
+        return
+    if version == 0 and not _has_messages(db):
+        raise StoreError(f"{path!r} is not a demote archive: it holds no archive tables")
+    raise StoreError(
+        f"{path!r} is an archive of schema version {version}, not {VERSION}; "
+        "open it writable once to migrate it"
+    )
+
+
+def _has_messages(db: sqlite3.Connection) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages'")
+    return row.fetchone() is not None

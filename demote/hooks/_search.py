@@ -35,8 +35,7 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from demote.errors import ConfigError
-from demote.hooks import _fts, _lexical, _rank, _vectors
+from demote.hooks import _args, _fts, _lexical, _rank, _vectors
 from demote.hooks._fts import query_terms
 from demote.records import Recalled
 
@@ -110,13 +109,12 @@ class Searcher:
         """Check a search's arguments; ``None`` when it can only find nothing.
 
         Raises:
-            ConfigError: ``budget_tokens`` is negative or not an int.
+            ArgumentTypeError: ``query`` is not a ``str``.
+            ConfigError: ``k`` or ``budget_tokens`` is not an int in range.
         """
-        budget = budget_tokens
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-        ):
-            raise ConfigError(f"budget_tokens must be an int >= 0 or None, got {budget!r}")
+        query = _args.query(query)
+        k = _args.top_k(k)
+        budget = _args.budget(budget_tokens)
         terms = query_terms(query, self.stop_words)
         if k < 1 or budget == 0 or not (terms or (dense and query.strip())):
             return None

@@ -29,22 +29,24 @@ worker's late batch is refused.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 from demote._closing import Closing
+from demote._sqlite_kind import ARCHIVE, check_kind, claim_kind
+from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.embeddings import Embedder, as_embedder
-from demote.errors import ConfigError, ConversationIdError, StoreError
-from demote.hooks import _erasure, _fts, _lexical, _rank, _schema, _search, _vectors
-from demote.hooks._fts import STOP_WORDS
-from demote.records import DemotedMessage, Demotion, Recalled
-from demote.tokens import Counter, resolve_counter
+from demote.errors import ArgumentTypeError, StoreError
+from demote.hooks import _args, _erasure, _fts, _lexical, _options, _schema, _search, _vectors
+from demote.records import DemotedMessage, Demotion, Recalled, storable_text
+from demote.state.base import validate_conversation_id
+from demote.tokens import Counter
 
 __all__ = ["ContextFn", "SQLiteArchive"]
 
@@ -52,6 +54,11 @@ __all__ = ["ContextFn", "SQLiteArchive"]
 #: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
 #: that is embedded), or ``None`` for none.
 ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
+
+
+#: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
+#: belongs to another program and is refused.
+_OWN_TABLES = ("messages", "conversations", "terms", "speakers", "vectors", "settings", "erased")
 
 
 class _Row(NamedTuple):
@@ -63,29 +70,6 @@ class _Row(NamedTuple):
     key: str
     scope: str
     speaker: str
-
-
-def _check_id(conversation_id: object) -> str:
-    if not isinstance(conversation_id, str):
-        raise ConversationIdError(
-            f"conversation_id must be a str, got {type(conversation_id).__name__}"
-        )
-    if not conversation_id:
-        raise ConversationIdError("conversation_id must not be empty")
-    try:
-        conversation_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConversationIdError("conversation_id is not valid Unicode text") from exc
-    return conversation_id
-
-
-def _clean(text: str) -> str:
-    # Lone surrogates cannot be stored as UTF-8; keep the rest of the text.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
 
 
 def _embedded(speaker: str, text: str) -> str:
@@ -148,10 +132,16 @@ class SQLiteArchive(Closing):
             :data:`demote.hooks._fts.STOP_WORDS`, 189 common English function words
             and question words.
         timeout: Seconds to wait for a lock held by another connection.
+        read_only: Open an existing archive without ever writing it (``demote search``,
+            ``demote inspect``): a file of an older schema is refused instead of migrated,
+            and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
+            :class:`~demote.errors.StoreError`.
 
     Raises:
-        StoreError: The file cannot be opened or is not a compatible archive.
-        ConfigError: An option is out of range.
+        StoreError: The file cannot be opened, is not a compatible archive, or belongs to
+            another component or program (a state store, an outbox: it is left as it was).
+        ConfigError: An option is out of range or of the wrong type
+            (:class:`~demote.errors.ArgumentTypeError`); the message names it.
         EmbeddingModelChanged: The file holds another model's vectors (``"refuse"``).
         EmbeddingError: The model failed while the archive checked or re-embedded.
     """
@@ -175,80 +165,75 @@ class SQLiteArchive(Closing):
         on_model_change: Literal["refuse", "reembed"] = "refuse",
         stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
+        read_only: bool = False,
     ) -> None:
-        for name, value in (
-            ("context_weight", context_weight),
-            ("adjacent_weight", adjacent_weight),
-            ("coverage", coverage),
-            ("neighbours", neighbours),
-            ("speaker_weight", speaker_weight),
-            ("timeout", timeout),
-        ):
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-        if pool < 1:
-            raise ConfigError(f"pool must be >= 1, got {pool!r}")
-        if after < 0:
-            raise ConfigError(f"after must be >= 0, got {after!r}")
-        if fusion not in ("weighted", "rrf"):
-            raise ConfigError(f"fusion must be 'weighted' or 'rrf', got {fusion!r}")
-        if not 0.0 <= dense_weight <= 1.0:
-            raise ConfigError(f"dense_weight must be in [0, 1], got {dense_weight!r}")
-        if on_model_change not in ("refuse", "reembed"):
-            raise ConfigError(
-                f"on_model_change must be 'refuse' or 'reembed', got {on_model_change!r}"
-            )
+        target = file_path("path", path)
+        timeout = seconds("timeout", timeout)
+        if context is not None and not callable(context):
+            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
+        self._searcher = _options.searcher(
+            context_weight=context_weight,
+            adjacent_weight=adjacent_weight,
+            coverage=coverage,
+            neighbours=neighbours,
+            speaker_weight=speaker_weight,
+            pool=pool,
+            after=after,
+            counter=counter,
+            fusion=fusion,
+            dense_weight=dense_weight,
+            on_model_change=on_model_change,
+            stop_words=stop_words,
+        )
         self._context = context
         self._embedder: Embedder | None = None
         if embeddings is not None:
             self._embedder = as_embedder(embeddings)
             _vectors.numpy()  # fail now, not at the first delivery
-        words = STOP_WORDS if stop_words is None else stop_words
-        self._searcher = _search.Searcher(
-            ranking=_rank.Ranking(
-                (0.0, 1.0, float(context_weight), float(adjacent_weight)),
-                pool,
-                float(coverage),
-                float(neighbours),
-                after,
-            ),
-            speaker_weight=float(speaker_weight),
-            fusion=fusion,
-            dense_weight=float(dense_weight),
-            count=resolve_counter(counter),
-            stop_words=frozenset(w.lower() for w in words),
-            stems=_fts.Stems(),
-            vectors=_vectors.VectorIndex(),
-        )
+        # The model's dimension probe: before the file is opened (a failing model leaves no
+        # file behind) and outside any lock.
+        dims = len(self._embedder.embed_query("dimensions")) if self._embedder else None
         self._lock = threading.RLock()
         self._closed = False
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
+        self._read_only = read_only
         try:
             self._db = sqlite3.connect(
-                os.fspath(path), timeout=timeout, check_same_thread=False, isolation_level=None
+                f"{Path(target).resolve().as_uri()}?mode=ro" if read_only else target,
+                timeout=timeout,
+                check_same_thread=False,
+                isolation_level=None,
+                uri=read_only,
             )
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open archive {os.fspath(path)!r}: {exc}") from exc
+            raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
         try:
-            self._setup(timeout, on_model_change == "reembed")
+            self._setup(target, timeout, on_model_change == "reembed", dims)
         except sqlite3.Error as exc:
             self._db.close()
-            raise StoreError(f"cannot use archive {os.fspath(path)!r}: {exc}") from exc
+            raise StoreError(f"cannot use archive {target!r}: {exc}") from exc
         except BaseException:
             self._db.close()
             raise
 
-    def _setup(self, timeout: float, reembed: bool) -> None:
+    def _setup(self, path: str, timeout: float, reembed: bool, dims: int | None) -> None:
         db = self._db
         db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
+        if self._read_only:
+            _schema.check_current(db, path, mine)
+            _fts.create_scratch(db)  # in the temp schema, which a read-only file still has
+            return
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
         _fts.create_scratch(db)
-        # A model call (the dimension probe) before the write lock, not under it.
         embedder = self._embedder
-        dims = len(embedder.embed_query("dimensions")) if embedder is not None else None
         db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
         try:
+            if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
+                claim_kind(db, ARCHIVE)
             _schema.create_or_migrate(db)
             cleared = False
             if embedder is not None:
@@ -276,6 +261,8 @@ class SQLiteArchive(Closing):
 
     @contextmanager
     def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            raise StoreError(f"cannot {what}: the archive is open read-only")
         with self._locked(what) as db:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -297,11 +284,11 @@ class SQLiteArchive(Closing):
             conversation_id,
             int(message.index),
             str(message.role),
-            _clean(message.text),
-            _clean(context or ""),
+            storable_text(message.text),
+            storable_text(context or ""),
             str(message.key),
             scope,
-            _clean(speaker),
+            storable_text(speaker),
         )
 
     def deliver(self, batch: Demotion) -> None:
@@ -323,7 +310,10 @@ class SQLiteArchive(Closing):
                 worker whose lease the erase revoked); nothing is stored.
             StoreError: SQLite failed; nothing of the batch is stored.
         """
-        conversation_id = _check_id(batch.conversation_id)
+        if not isinstance(batch, Demotion):
+            raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
+        conversation_id = validate_conversation_id(batch.conversation_id)
+        fence = _args.fence(batch.fence)
         scope = _search.scope(conversation_id)
         rows = [self._row(conversation_id, scope, m) for m in batch.messages]
         if not rows:
@@ -339,7 +329,7 @@ class SQLiteArchive(Closing):
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
                 dims = len(embedded[0])
         with self._transaction("store a demotion") as db:
-            _erasure.check_fence(db, conversation_id, batch.fence)
+            _erasure.check_fence(db, conversation_id, fence)
             insert = (
                 "INSERT OR IGNORE INTO messages "
                 "(conversation_id, idx, role, text, context, key, scope, speaker) "
@@ -433,7 +423,8 @@ class SQLiteArchive(Closing):
 
         Raises:
             ConversationIdError: The conversation id is empty or not a string.
-            ConfigError: ``budget_tokens`` is negative or not an int.
+            ArgumentTypeError: ``query`` is not a ``str``.
+            ConfigError: ``k`` or ``budget_tokens`` is not an int in range.
             EmbeddingError: The model failed to embed the query.
             StoreError: SQLite failed.
         """
@@ -441,7 +432,7 @@ class SQLiteArchive(Closing):
         request = self._request(conversation_id, query, k, budget_tokens)
         if request is None:
             return []
-        vector = embedder.embed_query(query) if embedder is not None else None
+        vector = embedder.embed_query(request.query) if embedder is not None else None
         return self._lookup(request, vector)
 
     async def asearch(
@@ -456,13 +447,13 @@ class SQLiteArchive(Closing):
         if request is None:
             return []
         embedder = self._embedder
-        vector = await embedder.aembed_query(query) if embedder is not None else None
+        vector = await embedder.aembed_query(request.query) if embedder is not None else None
         return await asyncio.to_thread(self._lookup, request, vector)
 
     def _request(
         self, conversation_id: str, query: str, k: int, budget_tokens: int | None
     ) -> _search.Request | None:
-        conversation_id = _check_id(conversation_id)
+        conversation_id = validate_conversation_id(conversation_id)
         dense = self._embedder is not None
         return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
 
@@ -481,7 +472,7 @@ class SQLiteArchive(Closing):
 
     def messages(self, conversation_id: str) -> list[Recalled]:
         """Every stored message of ``conversation_id``, in index order (score ``0``)."""
-        conversation_id = _check_id(conversation_id)
+        conversation_id = validate_conversation_id(conversation_id)
         with self._locked("read the archive") as db:
             rows = db.execute(
                 "SELECT idx, role, text, key FROM messages WHERE conversation_id = ? "
@@ -498,7 +489,7 @@ class SQLiteArchive(Closing):
             else:
                 row = db.execute(
                     "SELECT count(*) FROM messages WHERE conversation_id = ?",
-                    (_check_id(conversation_id),),
+                    (validate_conversation_id(conversation_id),),
                 ).fetchone()
         return int(row[0])
 
@@ -507,8 +498,8 @@ class SQLiteArchive(Closing):
 
         The engine asks this after a history rewrite, to skip messages already archived.
         """
-        conversation_id = _check_id(conversation_id)
-        wanted = list(dict.fromkeys(str(key) for key in keys))
+        conversation_id = validate_conversation_id(conversation_id)
+        wanted = _args.keys(keys)
         found: set[str] = set()
         with self._locked("look up archived keys") as db:
             for start in range(0, len(wanted), 500):
@@ -557,7 +548,8 @@ class SQLiteArchive(Closing):
                 connection reading): the rows are deleted but their bytes may remain in
                 the WAL until the next checkpoint; erase again to retry.
         """
-        conversation_id = _check_id(conversation_id)
+        conversation_id = validate_conversation_id(conversation_id)
+        fence = _args.fence(fence)
         with self._transaction("erase a conversation") as db:
             removed = _erasure.erase_rows(db, conversation_id, fence)
         self._searcher.vectors.forget(conversation_id)

@@ -55,13 +55,13 @@ from demote._closing import Closing
 from demote._flow import drive_async, drive_sync
 from demote._pg import Pools
 from demote.embeddings import Embedder, as_embedder
-from demote.errors import ConfigError, StoreError
-from demote.hooks import _options, _pg_flows, _pg_schema, _pg_search, _vectors
+from demote.errors import ArgumentTypeError, ConfigError, StoreError
+from demote.hooks import _args, _options, _pg_flows, _pg_schema, _pg_search, _vectors
 from demote.hooks._pg_flows import Flow, Row, aexecute, execute
 from demote.hooks._pg_statements import Statements
 from demote.hooks._pg_text import index_words
-from demote.hooks.archive import ContextFn, _clean, _embedded
-from demote.records import DemotedMessage, Demotion, Recalled
+from demote.hooks.archive import ContextFn, _embedded
+from demote.records import DemotedMessage, Demotion, Recalled, storable_text
 from demote.state._codec import storable_id
 from demote.tokens import Counter
 
@@ -112,7 +112,7 @@ _Steps = Generator[_Db | _Embed, Any, T]
 
 def _text(value: str) -> str:
     """``value`` storable as PostgreSQL text: lone surrogates and NUL become U+FFFD."""
-    return _clean(value).replace("\x00", "\ufffd")
+    return storable_text(value).replace("\x00", "\ufffd")
 
 
 class PostgresArchive(Closing):
@@ -235,6 +235,8 @@ class PostgresArchive(Closing):
             pool_name="candidates",
         )
         _pg_schema.check_option(vectors)
+        if context is not None and not callable(context):
+            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
         self.table = table
         self.read_only = read_only
         self._context = context
@@ -319,8 +321,11 @@ class PostgresArchive(Closing):
         )
 
     def _deliver(self, batch: Demotion) -> _Steps[int]:
+        if not isinstance(batch, Demotion):
+            raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
         cid = storable_id(batch.conversation_id)
+        fence = _args.fence(batch.fence)
         rows = [self._row(m) for m in batch.messages]
         if not rows:
             return 0
@@ -333,7 +338,7 @@ class PostgresArchive(Closing):
                 embedded = yield _Embed(self._model(), documents=texts)
                 vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
         model = self._embedder.name if self._embedder is not None else ""
-        flow = _pg_flows.deliver(self._st, cid, rows, batch.fence, vectors, model)
+        flow = _pg_flows.deliver(self._st, cid, rows, fence, vectors, model)
         stored: int = yield self._db(flow, write=True)
         return stored
 
@@ -400,7 +405,7 @@ class PostgresArchive(Closing):
         request = self._searcher.request(cid, query, k, budget_tokens, dense)
         if request is None:
             return []
-        vector = (yield _Embed(self._model(), query=query)) if dense else None
+        vector = (yield _Embed(self._model(), query=request.query)) if dense else None
         flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
         found: list[Recalled] = yield self._db(flow)
         return found
@@ -467,7 +472,7 @@ class PostgresArchive(Closing):
         return await drive_async(self._read(self._has_keys(conversation_id, keys)))
 
     def _has_keys(self, conversation_id: str, keys: Iterable[str]) -> Flow[set[str]]:
-        wanted = list(dict.fromkeys(_text(str(key)) for key in keys))
+        wanted = _args.keys(keys)
         return _pg_flows.has_keys(self._st, storable_id(conversation_id), wanted)
 
     def conversations(self) -> list[str]:
@@ -480,7 +485,7 @@ class PostgresArchive(Closing):
 
     def _erase(self, conversation_id: str, fence: int | None) -> _Steps[int]:
         self._writable("erase a conversation")
-        flow = _pg_flows.erase(self._st, storable_id(conversation_id), fence)
+        flow = _pg_flows.erase(self._st, storable_id(conversation_id), _args.fence(fence))
         removed: int = yield self._db(flow, write=True)
         return removed
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from demote.errors import ConfigError, StoreError
+from demote.errors import StoreError
+from demote.hooks import _args
 from demote.hooks._rank import fit
 from demote.mem0._drivers import _Flow, _Mem0, _results
 from demote.mem0.config import KEY_FIELD, Namespace
 from demote.records import Recalled
-from demote.tokens import Counter, resolve_counter
+from demote.state.base import validate_conversation_id
+from demote.tokens import Counter
 
 __all__ = ["Mem0Recall"]
 
@@ -43,9 +45,9 @@ class Mem0Recall:
         threshold: float | None = None,
         counter: str | Counter = "approx",
     ) -> None:
+        self._threshold = None if threshold is None else _args.weight("threshold", threshold)
+        self._count = _args.counter(counter)
         self._mem = _Mem0(memory, user_id, agent_id, namespace)
-        self._threshold = threshold
-        self._count = resolve_counter(counter)
 
     def search(
         self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
@@ -61,10 +63,12 @@ class Mem0Recall:
                 may take its place. ``None``: no limit.
 
         Raises:
-            ConfigError: ``budget_tokens`` is negative or not an int.
+            ConversationIdError: ``conversation_id`` is unusable.
+            ConfigError: ``query``, ``k`` or ``budget_tokens`` is not of its type or
+                range (the message names it).
             StoreError: mem0 failed.
         """
-        flow = self._search(conversation_id, query, k, budget_tokens)
+        flow = self._search(*self._request(conversation_id, query, k, budget_tokens))
         return self._mem.run(flow, StoreError)
 
     async def asearch(
@@ -73,18 +77,24 @@ class Mem0Recall:
         """Async :meth:`search`.
 
         Raises:
-            ConfigError: ``budget_tokens`` is negative or not an int.
+            ConversationIdError: ``conversation_id`` is unusable.
+            ConfigError: ``query``, ``k`` or ``budget_tokens`` is not of its type or
+                range (the message names it).
             StoreError: mem0 failed.
         """
-        flow = self._search(conversation_id, query, k, budget_tokens)
+        flow = self._search(*self._request(conversation_id, query, k, budget_tokens))
         return await self._mem.arun(flow, StoreError)
 
-    def _search(self, cid: str, query: str, k: int, budget: int | None) -> _Flow[list[Recalled]]:
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
-        ):
-            raise ConfigError(f"budget_tokens must be an int >= 0 or None, got {budget!r}")
-        scope = self._mem.scope(cid)
+    def _request(
+        self, cid: object, query: object, k: object, budget: object
+    ) -> tuple[dict[str, str], str, int, int | None]:
+        """The checked arguments of a search (before any mem0 call)."""
+        scope = self._mem.scope(validate_conversation_id(cid))
+        return scope, _args.query(query), _args.top_k(k), _args.budget(budget)
+
+    def _search(
+        self, scope: dict[str, str], query: str, k: int, budget: int | None
+    ) -> _Flow[list[Recalled]]:
         if k <= 0 or not query.strip():
             return []
         kwargs: dict[str, Any] = {"filters": self._mem.filters(scope), "top_k": k}

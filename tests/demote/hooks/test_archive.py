@@ -182,6 +182,16 @@ def test_the_scope_column_cannot_be_searched_from_a_query(archive: SQLiteArchive
     assert archive.search("c", scope) == []
 
 
+def test_ids_the_state_stores_refuse_are_refused_too(tmp_path: Path) -> None:
+    # A NUL or an id over 16 KiB would be truncated or refused by other stores: the
+    # archive takes the ids the engine takes, no more.
+    with SQLiteArchive(tmp_path / "a.db") as archive:
+        for bad in ("nul\x00inside", "y" * 20_000):
+            with pytest.raises(ConversationIdError, match="conversation_id"):
+                archive.deliver(batch(bad, "hello"))
+        assert archive.count() == 0
+
+
 @pytest.mark.parametrize(
     "conversation_id",
     [
@@ -189,7 +199,6 @@ def test_the_scope_column_cannot_be_searched_from_a_query(archive: SQLiteArchive
         "100%_done",
         "a; DROP TABLE messages; --",
         "../../etc/passwd",
-        "nul\x00inside",
         "x" * 10_000,
         "NEAR(a b) OR *",
         "日本語の会話",
