@@ -86,6 +86,15 @@ def create(db: sqlite3.Connection) -> None:
     db.executescript(INDEXES)
 
 
+def check_current(db: sqlite3.Connection, path: str, claimed: bool) -> None:
+    """Refuse, for a read-only open, a file that is not an outbox of this version."""
+    if not claimed or not all(_has_conversation(db, t) for t in ("outbox", "dead_letters")):
+        raise StoreError(
+            f"{path!r} is not an outbox of this demote's version: open it read-write once "
+            "(a Recorder with this outbox) to create or upgrade it"
+        )
+
+
 def _has_conversation(db: sqlite3.Connection, table: str) -> bool:
     return any(row[1] == "conversation" for row in db.execute(f"PRAGMA table_info({table})"))
 

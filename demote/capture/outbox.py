@@ -64,6 +64,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from os import PathLike
+from pathlib import Path
 from typing import Any, Literal
 
 from demote._closing import Closing
@@ -163,6 +164,10 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             :class:`~demote.errors.StoreError`. Short by default: a demotion hook's caller
             keeps its watermark and retries on a later load, which beats holding a
             request for a lock another writer may keep for long.
+        read_only: Open an existing outbox to read it (``pending``, ``load``,
+            ``dead_letters``: ``demote inspect``) without ever writing to the file: it
+            must exist and be an outbox of this version, and every write raises
+            :class:`~demote.errors.StoreError`.
 
     Raises:
         ConfigError: ``path``, ``retry``, ``synchronous``, ``checkpoint_every``,
@@ -179,7 +184,10 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         checkpoint_every: int = 256,
         wal_limit: int = 4096,
         timeout: float = 2.0,
+        read_only: bool = False,
     ) -> None:
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
         if synchronous not in ("NORMAL", "FULL"):
             raise ConfigError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r:.40}")
         count("checkpoint_every", checkpoint_every)
@@ -197,14 +205,22 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         self.wal_limit = wal_limit
         self._lock = threading.Lock()
         self._init_checkpoints()
+        self.read_only = read_only
         with _translated(self.path, "open"):
             self._db = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None, timeout=self.timeout
+                f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self.timeout,
+                uri=read_only,
             )
         try:
             with _translated(self.path, "open", self.timeout):
                 # Whose file it is comes first: switching a foreign file to WAL writes to it.
                 claimed = check_kind(self._db, self.path, OUTBOX, schema.OWN_TABLES)
+                if read_only:
+                    schema.check_current(self._db, self.path, claimed)
+                    return
                 (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
                 self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes

@@ -331,7 +331,11 @@ def inspect_stores(
     """
     if state is None and archive is None and outbox is None:
         raise ConfigError("give at least one of --state, --archive, --outbox")
-    st = SQLiteStateStore(_existing(state, "state store")) if state is not None else None
+    st = (
+        SQLiteStateStore(_existing(state, "state store"), read_only=True)
+        if state is not None
+        else None
+    )
     try:
         ar = open_archive(archive, archive_table) if archive is not None else None
     except BaseException:
@@ -392,7 +396,7 @@ def inspect_stores(
     if outbox is not None:
         from demote.capture.outbox import SQLiteOutbox
 
-        with SQLiteOutbox(_existing(outbox, "outbox")) as box:
+        with SQLiteOutbox(_existing(outbox, "outbox"), read_only=True) as box:
             dead = box.dead_letters()
             of = [(getattr(d.item, "conversation_id", None), d) for d in dead]
             if conversation is not None:

@@ -37,12 +37,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple
+from pathlib import Path
 from typing import TypeVar
 
 from demote._sqlite_kind import check_kind
 from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
-from demote.errors import StoreError
+from demote.errors import ArgumentTypeError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
@@ -130,6 +131,9 @@ class SQLiteStateStore(OpStore):
         timeout: Seconds to wait for another process's write lock.
         clock: Wall-clock seconds; leases expire by it. Every process sharing the file
             must use the same clock (the default, :func:`time.time`, is right).
+        read_only: Open an existing store without ever writing to it (``demote
+            inspect``): the file must exist and be at the current schema, and every write
+            raises :class:`~demote.errors.StoreError`.
     """
 
     def __init__(
@@ -138,22 +142,33 @@ class SQLiteStateStore(OpStore):
         *,
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        read_only: bool = False,
     ) -> None:
         timeout = seconds("timeout", timeout, zero=True)
         self.path = file_path("state store path", path)
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
+        self.read_only = read_only
         self._clock = clock
         self._lock = threading.RLock()
         self._closed = False
         self._worker = Worker(f"demote-sqlite-state:{os.path.basename(self.path)}")
         try:
             self._db = sqlite3.connect(
-                self.path, timeout=timeout, check_same_thread=False, isolation_level=None
+                f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path,
+                timeout=timeout,
+                check_same_thread=False,
+                isolation_level=None,
+                uri=read_only,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
         try:
             # Whose file it is comes first: switching a foreign file to WAL writes to it.
             check_kind(self._db, self.path, APPLICATION_ID, _OWN_TABLES)
+            if read_only:
+                self._check_current()
+                return
             self._wal(timeout)
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA secure_delete=ON")  # deleted rows leave no bytes
@@ -203,6 +218,15 @@ class SQLiteStateStore(OpStore):
             raise
         self._db.execute("COMMIT")
 
+    def _check_current(self) -> None:
+        """A read-only open reads only a file at this code's schema (it cannot migrate)."""
+        if self._versions() != (APPLICATION_ID, SCHEMA_VERSION):
+            _, version = self._versions()
+            raise StoreError(
+                f"{self.path!r} is not a demote state store at schema {SCHEMA_VERSION} "
+                f"(found {version}): open it read-write once to migrate it"
+            )
+
     def _versions(self) -> tuple[int, int]:
         (app,) = self._db.execute("PRAGMA application_id").fetchone()
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
@@ -215,6 +239,8 @@ class SQLiteStateStore(OpStore):
             if self._closed:
                 raise StoreError(f"state store {self.path!r} is closed")
             db = self._db
+            if begin is not None and self.read_only:
+                raise StoreError(f"state store {self.path!r} was opened read-only")
             try:
                 if begin is None:
                     yield db
