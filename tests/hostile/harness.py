@@ -230,3 +230,13 @@ def guarded(call: Callable[[Env, Any], object]) -> Callable[[Env, Any], object]:
             raise
 
     return run
+
+
+def check(probe: Probe, root: Path) -> None:
+    """Run ``probe`` in a fresh environment under ``root``; fail the test if it misbehaved."""
+    env = Env(root)
+    try:
+        outcome = judge(probe, env)
+    finally:
+        env.close()
+    assert outcome.ok, f"{probe.name}: {outcome.why}"

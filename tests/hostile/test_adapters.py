@@ -28,8 +28,8 @@ from tests.hostile.harness import (
     ODD_IDS,
     Env,
     Probe,
+    check,
     guarded,
-    judge,
     probes_for,
     show,
 )
@@ -319,12 +319,7 @@ for _probe in PROBES:  # every probe runs over a durable engine made before the 
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_adapter_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:

@@ -27,7 +27,7 @@ from tests.hostile.harness import (
     ODD_TEXT,
     Env,
     Probe,
-    judge,
+    check,
     probes_for,
     show,
 )
@@ -399,12 +399,7 @@ PROBES += [_odd_text(text) for text in ODD_TEXT]
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_archive_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:

@@ -24,7 +24,7 @@ from tests.hostile.harness import (
     FOREIGN_KINDS,
     Env,
     Probe,
-    judge,
+    check,
     make_foreign,
     probes_for,
     wait_for,
@@ -234,12 +234,7 @@ def test_a_lone_surrogate_is_stored_as_storable_text(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_capture_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:

@@ -37,7 +37,7 @@ from tests.hostile.harness import (
     ODD_TEXT,
     Env,
     Probe,
-    judge,
+    check,
     probes_for,
     show,
 )
@@ -297,12 +297,7 @@ PROBES += probes_for(
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_core_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:

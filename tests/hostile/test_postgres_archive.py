@@ -26,6 +26,7 @@ from tests.hostile.harness import (
     BAD_TEXT,
     Env,
     Probe,
+    check,
     judge,
     probes_for,
 )
@@ -92,12 +93,7 @@ OFFLINE += probes_for(
 
 @pytest.mark.parametrize("probe", OFFLINE, ids=lambda p: p.name)
 def test_postgres_archive_option_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 # -- calls on a live archive ------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tests.hostile.harness import (
     BAD_TEXT,
     Env,
     Probe,
-    judge,
+    check,
     probes_for,
 )
 from tests.hostile.test_archive import BAD_K, TEXTS, ar, demotion, filled
@@ -303,12 +303,7 @@ PROBES.append(
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_recall_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:

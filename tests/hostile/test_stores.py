@@ -26,8 +26,8 @@ from tests.hostile.harness import (
     ODD_IDS,
     Env,
     Probe,
+    check,
     guarded,
-    judge,
     make_foreign,
     probes_for,
     show,
@@ -239,12 +239,7 @@ for option, values in {
 
 @pytest.mark.parametrize("probe", PROBES, ids=lambda p: p.name)
 def test_store_probe(probe: Probe, tmp_path: Path) -> None:
-    env = Env(tmp_path)
-    try:
-        outcome = judge(probe, env)
-    finally:
-        env.close()
-    assert outcome.ok, f"{probe.name}: {outcome.why}"
+    check(probe, tmp_path)
 
 
 def test_the_catalogue_is_large() -> None:
