@@ -131,10 +131,14 @@ def acceptable(option: str, value: object) -> bool:
         return isinstance(value, int) and (1 if option == "pool" else 0) <= value <= MAX_COUNT
     if option == "timeout" and isinstance(value, int) and value > 1e9:
         return False
-    if value > 1e308 or not math.isfinite(value) or value < 0:
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return False
+    if not math.isfinite(number) or number < 0:  # every finite float is a number
         return False
     if option == "dense_weight":
-        return value <= 1
+        return number <= 1
     if option == "timeout":
-        return 0 < value <= 1e9
+        return 0 < number <= 1e9
     return True
