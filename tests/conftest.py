@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -12,7 +14,9 @@ import pytest
 
 # Set before any test module imports mem0 or langchain (they read these at import time).
 os.environ["MEM0_TELEMETRY"] = "False"
-os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="demote-mem0-"))
+if "MEM0_DIR" not in os.environ:  # mem0's home for this run, removed when it ends
+    os.environ["MEM0_DIR"] = tempfile.mkdtemp(prefix="demote-mem0-")
+    atexit.register(shutil.rmtree, os.environ["MEM0_DIR"], ignore_errors=True)
 os.environ["LANGSMITH_TRACING"] = "false"
 os.environ["LANGCHAIN_TRACING_V2"] = "false"
 os.environ["ANONYMIZED_TELEMETRY"] = "False"

@@ -44,6 +44,7 @@ def _kernel(tmp_path: Path) -> tuple[Any, dict[str, str]]:
         **os.environ,
         "MEM0_TELEMETRY": "False",
         "MEM0_DIR": str(tmp_path / "mem0"),
+        "TMPDIR": str(tmp_path),  # the notebooks' mkdtemp folders go where pytest cleans up
         "LANGSMITH_TRACING": "false",
         "LANGCHAIN_TRACING_V2": "false",
         "ANONYMIZED_TELEMETRY": "False",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -378,6 +379,8 @@ class CompactionMachine(RuleBasedStateMachine):
             self.summarizer.release.set()
             self.d.drain(10)
             self.state.close()
+        if hasattr(self, "dir"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 TestCompactionMachine = CompactionMachine.TestCase
