@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -112,11 +113,24 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]
     return "\n".join([head, rule, *body])
 
 
+#: Distributions whose versions a result records (a peer's figure can move with its release).
+_RECORDED = ("demote", "langchain-core", "llama-index-core", "mem0ai")
+
+
 def environment() -> dict[str, Any]:
+    """The machine and the versions a result was measured with."""
+    versions: dict[str, str | None] = {}
+    for name in _RECORDED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "versions": versions,
     }
 
 
