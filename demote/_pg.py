@@ -21,6 +21,7 @@ Every psycopg error (and ``OSError``) becomes a :class:`StoreError` at this boun
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -31,7 +32,22 @@ from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, Sto
 from demote.state._deadline import Deadline, idle_socket_has_data, loop_deadline, thread_deadline
 from demote.state._loops import PerLoop
 
-__all__ = ["Pools", "atransaction", "positive", "transaction"]
+__all__ = ["Pools", "atransaction", "positive", "table_name", "transaction"]
+
+
+def table_name(table: object, longest: int) -> str:
+    """``table``, if it is a plain lowercase SQL identifier of at most ``longest`` characters.
+
+    It is put into statements as is, and the names derived from it must stay under 63.
+
+    Raises:
+        ConfigError: naming ``table``.
+    """
+    pattern = rf"[a-z_][a-z0-9_]{{0,{longest - 1}}}"
+    if not isinstance(table, str) or not re.fullmatch(pattern, table):
+        raise ConfigError(f"table: {table!r:.40} is not a plain lowercase identifier")
+    return table
+
 
 T = TypeVar("T")
 

@@ -46,16 +46,15 @@ are only ever bound parameters, and every statement is scoped to one conversatio
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote._flow import drive_async, drive_sync
-from demote._pg import Pools
+from demote._pg import Pools, table_name
 from demote.embeddings import Embedder, as_embedder
-from demote.errors import ArgumentTypeError, ConfigError, StoreError
+from demote.errors import ArgumentTypeError, StoreError
 from demote.hooks import _args, _options, _pg_flows, _pg_schema, _pg_search, _vectors
 from demote.hooks._pg_flows import Flow, Row, aexecute, execute
 from demote.hooks._pg_statements import Statements
@@ -68,7 +67,6 @@ from demote.tokens import Counter
 __all__ = ["PostgresArchive"]
 
 T = TypeVar("T")
-_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _LABEL = "postgres archive"
 
 
@@ -217,8 +215,7 @@ class PostgresArchive(Closing):
         keepalives_idle: int = 30,
         application_name: str = "demote",
     ) -> None:
-        if not isinstance(table, str) or not _IDENT.fullmatch(table):
-            raise ConfigError(f"table: {table!r} is not a plain lowercase identifier")
+        table = table_name(table, 41)
         self._searcher = _options.searcher(
             context_weight=context_weight,
             adjacent_weight=adjacent_weight,

@@ -27,13 +27,11 @@ Every psycopg error becomes a :class:`StoreError` at this boundary.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from demote._pg import Pools
-from demote._validate import count
-from demote.errors import ArgumentTypeError, ConfigError, StoreError
+from demote._pg import Pools, table_name
+from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
@@ -43,7 +41,6 @@ from demote.state.base import Lease
 __all__ = ["PostgresStateStore"]
 
 T = TypeVar("T")
-_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,50}")
 Rows = list[tuple[Any, ...]]
 _LABEL = "postgres state store"
 
@@ -91,18 +88,7 @@ class PostgresStateStore(OpStore):
         keepalives_idle: int = 30,
         application_name: str = "demote",
     ) -> None:
-        if not isinstance(table, str) or not _IDENT.fullmatch(table):
-            raise ConfigError(f"table: {table!r:.40} is not a plain lowercase identifier")
-        if dsn is not None and not isinstance(dsn, str):  # never echoed: it may hold a password
-            raise ArgumentTypeError(f"dsn: must be a str or None, got {type(dsn).__name__}")
-        count("min_size", min_size, minimum=0, maximum=1_000)
-        count("max_size", max_size, minimum=max(1, min_size), maximum=1_000)
-        count("keepalives_idle", keepalives_idle, maximum=86_400)
-        if not isinstance(application_name, str) or not application_name.isprintable():
-            raise ArgumentTypeError(
-                f"application_name: must be a printable str, got {application_name!r:.40}"
-            )
-        self.table = table
+        self.table = table_name(table, 51)  # the pools check the other options
         self._sql = Sql(table)
         self._pools = Pools(
             dsn,
