@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable
+from pathlib import Path
 
 from demote.errors import StoreError
 
-__all__ = ["ARCHIVE", "KINDS", "OUTBOX", "STATE", "check_kind", "claim_kind"]
+__all__ = ["ARCHIVE", "KINDS", "OUTBOX", "STATE", "check_kind", "claim_kind", "connect"]
 
 STATE = 0x64656D6F  # "demo": the id the state store's first versioned files carry
 ARCHIVE = 0x646D6172  # "dmar"
@@ -65,3 +66,15 @@ def check_kind(
 def claim_kind(db: sqlite3.Connection, application_id: int) -> None:
     """Mark the file as this component's (inside the caller's schema transaction)."""
     db.execute(f"PRAGMA application_id = {int(application_id)}")
+
+
+def connect(path: str, timeout: float, *, read_only: bool = False) -> sqlite3.Connection:
+    """A store's connection to ``path``: autocommit, shared across threads.
+
+    ``read_only`` opens an existing file with ``mode=ro``: SQLite itself then refuses every
+    write, and a missing file is an error instead of a new database.
+    """
+    target = f"{Path(path).resolve().as_uri()}?mode=ro" if read_only else path
+    return sqlite3.connect(
+        target, timeout=timeout, check_same_thread=False, isolation_level=None, uri=read_only
+    )

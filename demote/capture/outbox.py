@@ -64,11 +64,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from os import PathLike
-from pathlib import Path
 from typing import Any, Literal
 
 from demote._closing import Closing
-from demote._sqlite_kind import OUTBOX, check_kind, claim_kind
+from demote._sqlite_kind import OUTBOX, check_kind, claim_kind, connect
 from demote._validate import count, file_path, seconds
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
@@ -207,13 +206,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         self._init_checkpoints()
         self.read_only = read_only
         with _translated(self.path, "open"):
-            self._db = sqlite3.connect(
-                f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self.timeout,
-                uri=read_only,
-            )
+            self._db = connect(self.path, self.timeout, read_only=read_only)
         try:
             with _translated(self.path, "open", self.timeout):
                 # Whose file it is comes first: switching a foreign file to WAL writes to it.

@@ -34,11 +34,10 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Literal, NamedTuple
 
 from demote._closing import Closing
-from demote._sqlite_kind import ARCHIVE, check_kind, claim_kind
+from demote._sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
 from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.embeddings import Embedder, as_embedder
@@ -199,13 +198,7 @@ class SQLiteArchive(Closing):
             raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
         self._read_only = read_only
         try:
-            self._db = sqlite3.connect(
-                f"{Path(target).resolve().as_uri()}?mode=ro" if read_only else target,
-                timeout=timeout,
-                check_same_thread=False,
-                isolation_level=None,
-                uri=read_only,
-            )
+            self._db = connect(target, timeout, read_only=read_only)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
         try:

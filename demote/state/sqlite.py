@@ -37,10 +37,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple
-from pathlib import Path
 from typing import TypeVar
 
-from demote._sqlite_kind import check_kind
+from demote._sqlite_kind import check_kind, connect
 from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.errors import ArgumentTypeError, StoreError
@@ -154,13 +153,7 @@ class SQLiteStateStore(OpStore):
         self._closed = False
         self._worker = Worker(f"demote-sqlite-state:{os.path.basename(self.path)}")
         try:
-            self._db = sqlite3.connect(
-                f"{Path(self.path).resolve().as_uri()}?mode=ro" if read_only else self.path,
-                timeout=timeout,
-                check_same_thread=False,
-                isolation_level=None,
-                uri=read_only,
-            )
+            self._db = connect(self.path, timeout, read_only=read_only)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
         try:
