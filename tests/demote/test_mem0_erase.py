@@ -238,3 +238,18 @@ async def test_erase_purges_the_erased_memories_from_mem0s_own_history(
     assert history_rows(memory, "zebra4417") == 0
     assert b"zebra4417" not in Path(memory.config.history_db_path).read_bytes()
     assert history_rows(memory, "heron2222") == kept
+
+
+def test_a_history_purge_that_fails_is_a_hook_error_not_a_complete_erase(
+    make_memory: Callable[..., Any],
+) -> None:
+    memory = make_memory()
+    hook = Mem0Hook(memory)
+    for batch in batches("chat-1", conversation("chat-1", "my locker zebra4417", n=12)):
+        hook.deliver(batch)
+    # mem0's file, broken behind its back where only the purge looks (mem0's own delete
+    # writes the history table, not the saved messages).
+    memory.db.connection.execute("DROP TABLE messages")
+    with pytest.raises(HookError, match="history database"):
+        hook.erase("chat-1")
+    assert stored(memory, "chat-1") == []  # the memories themselves went first
