@@ -80,9 +80,12 @@ def test_a_bad_sink_never_kills_the_thread_worker(name: str, durable: bool, tmp_
     r.enqueue("bad")
     r.enqueue("good")
     assert wait_for(lambda: got == ["good"]), f"the worker died on a sink that {name}"
+    if box is not None:
+        # "bad" may still wait for its retry after "good" went through: the live worker
+        # must finish it (dead letter) before close, which leaves scheduled retries queued.
+        assert wait_for(lambda: box.pending() == 0)
     r.close()
     if box is not None:
-        assert wait_for(lambda: box.pending() == 0)
         letters = box.dead_letters()
         returns = name.startswith("returns")
         assert len(letters) == (0 if returns else 1)
