@@ -67,6 +67,22 @@ class Plan:
             pinned), end)`` (before this plan's cut): pass it to the next :func:`plan`
             of the same, grown history so that only the appended records are read.
             ``None`` when rewritten. Not compared: it describes how, not what.
+        opener: When the window starts inside a turn (at a step boundary), the absolute
+            index of that turn's opening user message, which stays in front of the kept
+            steps (it is before ``window_start``, so it is also delivered); else ``None``.
+        cleared: The clearing watermark to commit (``ConversationState.cleared``; never
+            below the state's): tool results in ``[window_start, cleared)`` whose tool
+            is not excluded are sent as placeholders.
+        placeholders: Absolute indexes of the tool results in the window that are sent
+            as placeholders (cleared), oldest first.
+        clipped: Absolute indexes of the tool results in the window, each alone larger
+            than the policy allows, that are sent as their head and a placeholder.
+        deliver_to: End of the range to hand to the hook: ``[deliver_from, deliver_to)``.
+            At least ``window_start``; beyond it when cleared or clipped results in the
+            window must reach the hook before the model is sent their placeholders.
+        overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned, the
+            opener, the newest step after clipping) alone exceeds the limit; ``0`` when
+            it fits.
     """
 
     pinned: int
@@ -77,11 +93,17 @@ class Plan:
     size: int = 0
     rewritten: bool = False
     index: GroupIndex | None = field(default=None, compare=False, repr=False)
+    opener: int | None = None
+    cleared: int = 0
+    placeholders: tuple[int, ...] = ()
+    clipped: tuple[int, ...] = ()
+    deliver_to: int = 0
+    overhang: int = 0
 
     @property
     def deliver(self) -> range:
         """Absolute indexes of the messages to hand to the hook."""
-        return range(self.deliver_from, self.window_start)
+        return range(self.deliver_from, max(self.window_start, self.deliver_to))
 
 
 def needed_from(state: ConversationState) -> int:

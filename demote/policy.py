@@ -28,7 +28,7 @@ from demote._validate import MAX_COUNT
 from demote.errors import ConfigError
 from demote.tokens import counter_name, resolve_counter
 
-__all__ = ["Bulk", "Compact", "Eviction", "PerItem", "SlidingWindow", "Unit"]
+__all__ = ["Bulk", "ClearToolResults", "Compact", "Eviction", "PerItem", "SlidingWindow", "Unit"]
 
 Unit = Literal["messages", "turns", "tokens"]
 
@@ -109,6 +109,35 @@ class Compact(_Model):
 Eviction = Annotated[PerItem | Bulk | Compact, Field(discriminator="kind")]
 
 
+class ClearToolResults(_Model):
+    """Clear the content of old tool results, losslessly: the cheap stage before eviction.
+
+    Once the tool results in the window pass ``trigger`` tokens, the oldest are sent to
+    the model as a short placeholder that names the archived key (their content reaches
+    the hook first, exactly once). Call ids and structure stay; the inner store is never
+    touched. Counted in tokens whatever the window's unit.
+
+    Attributes:
+        trigger: Tokens of tool results in the window before clearing starts.
+        keep: The newest tool results that are never cleared.
+        exclude: Names of tools whose results are never cleared.
+        clear_at_least: Fewest tokens cleared at a time, so the cached prompt prefix
+            breaks rarely.
+        max_result_tokens: A single tool result over this many tokens is sent as its head
+            and a placeholder (``None``: half the limit of a token window; no clipping in
+            other units).
+        head_tokens: How much of a clipped result's head the model is sent.
+    """
+
+    kind: Literal["clear_tool_results"] = "clear_tool_results"
+    trigger: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)]
+    keep: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = 3
+    exclude: tuple[str, ...] = ()
+    clear_at_least: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = 0
+    max_result_tokens: Annotated[int, Field(gt=0, le=MAX_COUNT, strict=True)] | None = None
+    head_tokens: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = 200
+
+
 class SlidingWindow(_Model):
     """A window counted in messages, turn groups or tokens, with an eviction strategy.
 
@@ -121,6 +150,9 @@ class SlidingWindow(_Model):
             ``"tiktoken"``, a name given to :func:`~demote.tokens.register_counter`, or
             any callable ``str -> int`` (a callable that is not registered cannot be
             written to JSON).
+        clearing: :class:`ClearToolResults`, the lossless first stage for agents, or
+            ``None`` (no clearing; oversized single results are still clipped in a
+            token window).
 
     A single turn group larger than the whole limit is kept whole, as the newest group,
     rather than cut in the middle of a tool exchange.
@@ -131,6 +163,7 @@ class SlidingWindow(_Model):
     eviction: Eviction = Field(default_factory=PerItem)
     pin_system: bool = True
     counter: str | Callable[[str], int] = "approx"
+    clearing: ClearToolResults | None = None
 
     @field_validator("counter")
     @classmethod

@@ -122,6 +122,8 @@ class MessageRecord:
         tokens: Token count under the policy's counter.
         opens: Ids of the tool calls this message opens (assistant messages).
         answers: Id of the tool call this message answers (tool messages).
+        tool: Name of the tool whose result this is (tool messages), when known: what
+            clearing's ``exclude`` matches.
     """
 
     role: Role
@@ -130,6 +132,7 @@ class MessageRecord:
     tokens: int
     opens: tuple[str, ...] = ()
     answers: str | None = None
+    tool: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -161,6 +164,10 @@ class ConversationState:
             last one is the anchor's. Any process recognises a stale, shorter copy of the
             history (read by a slow request before others appended to it) by its last
             message, without having seen it.
+        cleared: Clearing watermark (absolute, never moves backwards but on a clear):
+            tool results before it that are still in the window are sent to the model as
+            placeholders (their content was handed to the hook first). ``delivered`` may
+            run ahead of ``window_start`` up to here.
     """
 
     window_start: int = 0
@@ -172,6 +179,7 @@ class ConversationState:
     offset: int = 0
     generation: int = 0
     trail: str = ""
+    cleared: int = 0
 
 
 @dataclass(frozen=True, slots=True)
