@@ -15,6 +15,7 @@ from typing import Any, Literal
 from demote.errors import ConfigError
 
 __all__ = [
+    "MESSAGE_DATA_KEYS",
     "ROLES",
     "ROLE_ALIASES",
     "TRAIL_DIGITS",
@@ -30,6 +31,25 @@ __all__ = [
     "make_key",
     "storable_text",
 ]
+
+#: The keys of the framework-neutral form of a whole message (``DemotedMessage.data``,
+#: ``Recalled.data``), a JSON object: ``role`` and ``text`` always; ``tool_calls`` (a list
+#: of ``{"id", "name", "args"}``) on an assistant message that calls tools;
+#: ``tool_call_id`` and ``tool`` (the tool's name) on a tool result; ``blocks`` (content
+#: blocks other than plain text: images, audio, files, reasoning; media by reference or
+#: as base64 bytes); ``id``, ``name`` and ``extra`` (framework fields kept so the message
+#: comes back equal to the original). Absent keys mean empty.
+MESSAGE_DATA_KEYS = (
+    "role",
+    "text",
+    "tool_calls",
+    "tool_call_id",
+    "tool",
+    "blocks",
+    "id",
+    "name",
+    "extra",
+)
 
 #: Hex digits of each short fingerprint in :attr:`ConversationState.trail`.
 TRAIL_DIGITS = 8
@@ -192,6 +212,8 @@ class DemotedMessage:
         index: Absolute position in the conversation.
         key: Stable dedup key (conversation, index, fingerprint).
         raw: The framework's own message object (``None`` after a restart from an outbox).
+        data: The whole message in the framework-neutral, JSON-serializable form (see
+            :data:`MESSAGE_DATA_KEYS`), or ``None`` where only the text is known.
     """
 
     role: Role
@@ -199,6 +221,7 @@ class DemotedMessage:
     index: int
     key: str
     raw: Any = field(default=None, compare=False)
+    data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +254,9 @@ class Recalled:
         index: Absolute position in the conversation (``-1`` when the store has none).
         key: The dedup key it was stored under.
         score: Relevance, higher is better (comparable within one search only).
+        data: The whole message as archived (see :data:`MESSAGE_DATA_KEYS`), or
+            ``None`` for a text-only row.
+        at: When it was archived (seconds since the epoch), or ``None`` when unknown.
     """
 
     role: str
@@ -238,6 +264,8 @@ class Recalled:
     index: int
     key: str
     score: float = 0.0
+    data: dict[str, Any] | None = field(default=None, compare=False)
+    at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

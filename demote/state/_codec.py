@@ -61,8 +61,9 @@ def decode_state(text: str | bytes) -> ConversationState:
         data = json.loads(text)
     except (ValueError, TypeError) as exc:
         raise StoreError(f"stored conversation state is corrupt: {exc}") from exc
-    if isinstance(data, dict) and "trail" not in data:
-        data["trail"] = ""  # written before states had a trail
+    if isinstance(data, dict):
+        data.setdefault("trail", "")  # written before states had a trail
+        data.setdefault("cleared", 0)  # written before states had a clearing watermark
     if not isinstance(data, dict) or set(data) != set(COLUMNS):
         raise StoreError(f"stored conversation state is corrupt: {str(data)[:80]!r}")
     return state_from_row([data[name] for name in COLUMNS])

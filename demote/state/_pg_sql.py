@@ -33,7 +33,7 @@ from demote.state.base import Lease, tombstone
 
 __all__ = ["SCHEMA_VERSION", "Sql"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _TYPES = {c: ("text" if c in ("anchor", "summary", "trail") else "bigint") for c in COLUMNS}
 _COLS = ", ".join(f'"{c}"' for c in COLUMNS)
 _S_COLS = ", ".join(f's."{c}"' for c in COLUMNS)
@@ -163,6 +163,8 @@ class Sql:
             f"CREATE SEQUENCE IF NOT EXISTS {t}_fence",
             # version 3
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS trail TEXT NOT NULL DEFAULT ''",
+            # version 4
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS cleared BIGINT NOT NULL DEFAULT 0",
             f"CREATE TABLE IF NOT EXISTS {t}_meta (id BOOLEAN PRIMARY KEY DEFAULT TRUE "
             "CHECK (id), version INTEGER NOT NULL)",
             f"INSERT INTO {t}_meta (version) VALUES ({SCHEMA_VERSION}) "

@@ -59,7 +59,7 @@ _OWN_TABLES = ("demote_state", "demote_lease", "demote_fence")
 #: ``PRAGMA application_id``: "demo" in ASCII.
 APPLICATION_ID = 0x64656D6F
 #: The schema version this code writes (``PRAGMA user_version``).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -90,6 +90,9 @@ _MIGRATIONS: dict[int, str] = {
     """,
     3: """
     ALTER TABLE demote_state ADD COLUMN trail TEXT NOT NULL DEFAULT '';
+    """,
+    4: """
+    ALTER TABLE demote_state ADD COLUMN cleared INTEGER NOT NULL DEFAULT 0;
     """,
 }
 
