@@ -1,7 +1,7 @@
 """Side by side with LlamaIndex's own ``Memory.from_defaults(token_limit=...)``.
 
 The same conversation goes into both; the assertions record what we observed with
-llama-index-core 0.14.25 (see the README paragraph on the differences):
+llama-index-core 0.14.25 (see the LlamaIndex getting-started page on the differences):
 
 - ``Memory`` keeps ``0.7 * token_limit`` tokens of chat history and, when over, flushes
   at least ``token_flush_size`` tokens at once. The default flush size (3000) is clipped to

@@ -3,7 +3,7 @@
 Two Demoters on one store behave as two processes (as in tests/demote/test_engine_leases.py).
 In a fleet a request can read the conversation's history just before another worker's
 request appends to it and commits a window start beyond its end (two turns with a
-two-message window are enough). The README promises that "a stale, shorter copy read by a
+two-message window are enough). The guarantees promise that "a stale, shorter copy read by a
 slow concurrent request is recognised and changes nothing". A worker that has seen the
 newer messages knows them from its own view; one that has not reads the state's ``trail``
 (the short fingerprints of the messages just before the window start, committed by the
