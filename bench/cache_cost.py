@@ -48,10 +48,10 @@ from bench.common import (
     write_json,
 )
 from demote import Bulk, Compact, PerItem, SlidingWindow
+from demote.cli.replay import SYSTEM_PROMPT_ID, ReplayMeter, ReplayResult, plot_windows, replay
+from demote.cli.transcript import Transcript
 from demote.records import fingerprint
-from demote.replay import SYSTEM_PROMPT_ID, ReplayMeter, ReplayResult, plot_windows, replay
 from demote.tokens import MESSAGE_OVERHEAD, approximate_tokens
-from demote.transcript import Transcript
 
 SECTION = "cache_cost"
 SYSTEM_PROMPT_TOKENS = 200

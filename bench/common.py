@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from demote.replay import ReplayResult
-from demote.transcript import Transcript, load_transcript
+from demote.cli.replay import ReplayResult
+from demote.cli.transcript import Transcript, load_transcript
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_LOCOMO = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"

@@ -13,10 +13,6 @@ on it:
   replaying a transcript under window policies and pricing its prompts under provider
   prompt caching (also used by the benchmarks and the notebooks);
 - :mod:`demote.cli.offline`: the offline stand-in model of the demo and the notebooks.
-
-The modules' old paths (``demote.replay``, ``demote.transcript``, ``demote.cachecost``,
-``demote.offline``, ``demote.demo``, ``demote.commands``) still import; they re-export
-from here.
 """
 
 from demote.cli.app import build_parser, main
