@@ -38,15 +38,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from demote._flow import Call
 from demote.errors import ConfigError
 from demote.records import Recalled
-from demote.tokens import Counter, approximate_tokens
+from demote.tokens import Counter, approximate_tokens, resolve_counter
 
 __all__ = [
     "CUT_MARK",
     "MIN_HIT_TOKENS",
     "NO_CONVERSATION",
+    "TOOL_DESCRIPTION",
+    "RecallArgs",
     "RecallOptions",
     "answer",
     "cut_to_tokens",
@@ -55,6 +59,7 @@ __all__ = [
     "recalled_from_columns",
     "render_fetched",
     "render_hits",
+    "tool_options",
 ]
 
 logger = logging.getLogger("demote")
@@ -67,6 +72,13 @@ MIN_HIT_TOKENS = 24
 NO_CONVERSATION = (
     "The recall tool cannot tell which conversation this is (the run has no thread id), "
     "so it has nothing to search. Continue without it."
+)
+#: What the model is told a recall tool does.
+TOOL_DESCRIPTION = (
+    "Look up earlier messages of this conversation that are no longer in your context "
+    "(they were archived). To search, pass `query` (the words of what you need; optionally "
+    "`k` hits and `budget_tokens`). To read one archived message back in full, pass `key`: "
+    "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names."
 )
 _HEADER = "Archived messages of this conversation (oldest first):"
 _ECHO = 80  # characters of the model's own query or key echoed back
@@ -126,9 +138,9 @@ def hit_body(hit: Recalled) -> str:
     text = data.get("text")
     text = text if isinstance(text, str) else hit.text
     role = data.get("role") or hit.role
-    if role == "tool":
-        tool = data.get("tool")
-        text = f"{tool if isinstance(tool, str) and tool else 'tool'} → {text}"
+    tool = data.get("tool")
+    if role == "tool" and isinstance(tool, str) and tool:
+        text = f"{tool} → {text}"
     parts = [text] if text else []
     calls = data.get("tool_calls")
     if isinstance(calls, Sequence) and not isinstance(calls, str):
@@ -226,6 +238,19 @@ def recalled_from_columns(columns: Mapping[str, Any]) -> Recalled:
     )
 
 
+class RecallArgs(BaseModel):
+    """What the model passes a recall tool: a query to search, or a key to fetch."""
+
+    query: str | None = Field(
+        default=None, description="Words to search this conversation's archived messages for."
+    )
+    key: str | None = Field(
+        default=None, description="The archived key a placeholder names, to fetch that message."
+    )
+    k: int | None = Field(default=None, description="How many hits a search returns at most.")
+    budget_tokens: int | None = Field(default=None, description="Most tokens the answer may take.")
+
+
 def _bounded(name: str, value: int, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"{name}: must be an int >= {low}, got {value!r:.40}")
@@ -277,6 +302,38 @@ class RecallOptions:
         if isinstance(budget, bool) or not isinstance(budget, int):
             return default
         return min(max(budget, MIN_HIT_TOKENS * 2), self.max_budget_tokens)
+
+
+def tool_options(
+    archive: object,
+    name: object,
+    *,
+    k: int,
+    max_k: int,
+    budget_tokens: int,
+    max_budget_tokens: int,
+    fetch_budget_tokens: int,
+    counter: str | Counter,
+) -> RecallOptions:
+    """Check a recall tool's archive and name, and build its options (both adapters).
+
+    Raises:
+        ConfigError: ``archive`` cannot both search and fetch, ``name`` is empty, or an
+            option is out of range (the message names it).
+    """
+    for method in ("search", "fetch"):
+        if not callable(getattr(archive, method, None)):
+            raise ConfigError(f"archive: {archive!r:.60} has no {method}() (an archive has both)")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name: must be a non-empty str, got {name!r:.40}")
+    return RecallOptions(
+        k=k,
+        max_k=max_k,
+        budget_tokens=budget_tokens,
+        max_budget_tokens=max_budget_tokens,
+        fetch_budget_tokens=fetch_budget_tokens,
+        counter=resolve_counter(counter),
+    )
 
 
 def answer(
