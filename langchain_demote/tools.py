@@ -39,7 +39,7 @@ from typing import Annotated, Any
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolArg
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from demote._flow import drive_async, drive_sync
 from demote.errors import ConfigError
@@ -57,7 +57,7 @@ _FIRST_MESSAGE = "first-message:"
 class RecallInput(RecallArgs):
     """What the model passes the recall tool (``runtime`` is injected, never the model's)."""
 
-    runtime: Annotated[Any, InjectedToolArg] = Field(default=None, exclude=True)
+    runtime: Annotated[Any, InjectedToolArg] = None
 
 
 @functools.cache
