@@ -46,7 +46,7 @@ from bench.common import RESULTS, environment, table, write_json
 from demote import Demoter, SlidingWindow
 from demote._flow import drive_sync
 from demote.hooks.archive import SQLiteArchive
-from demote.recall_render import RecallOptions, answer
+from demote.recall_render import CUT_MARK, RecallOptions, answer
 
 SERVICES = ("api", "billing", "search", "auth", "worker", "gateway", "ledger", "notify")
 KEYS = (
@@ -74,6 +74,7 @@ ERRORS = (
     ("disk full", "disk full on volume {peer}, {n} MB left"),
 )
 PEERS = ("stripe-eu", "pg-primary", "redis-cache", "s3-archive", "kafka-3", "smtp-relay")
+CUSTOMERS = ("ACME", "GLOBEX", "INITECH", "UMBRELLA")
 TOPICS = ("rate limits", "webhooks", "pagination", "idempotency", "retries", "batch export")
 
 
@@ -143,13 +144,13 @@ def _orders(rng: random.Random) -> tuple[str, str, dict[str, str]]:
         rows.append(
             (
                 str(rng.randint(10000, 99999)),
-                f"{rng.choice(('ACME', 'GLOBEX', 'INITECH', 'UMBRELLA'))}-{rng.randint(1000, 9999)}",
+                f"{rng.choice(CUSTOMERS)}-{rng.randint(1000, 9999)}",
                 rng.choice(STATUSES),
                 rng.choice(CARRIERS),
                 f"{rng.randint(1000, 9999)}-{rng.randint(1000, 9999)}",
             )
         )
-    order, customer, _, carrier, tracking = rng.choice(rows)
+    order, customer, _, _, tracking = rng.choice(rows)
     lines = ["order | customer | status | carrier | tracking"]
     lines += [" | ".join(r) for r in rows]
     queries = {
@@ -184,12 +185,12 @@ def _logs(rng: random.Random, svc: str) -> tuple[str, str, dict[str, str]]:
     return "\n".join(lines), f"{template.format(n=n, peer=peer)}", queries
 
 
-_WORDS = (
+_WORDS = str.split(
     "rounding totals refunds currency tax discount export import retry timeout cache "
     "session token login logout profile upload download parse render notify schedule "
     "cancel archive restore merge split lock unlock audit report summary filter sort "
     "paginate webhook signature checksum locale timezone invoice ledger balance"
-).split()
+)
 
 
 def _docs(rng: random.Random) -> str:
@@ -244,54 +245,86 @@ class Outcome:
     seconds: float
 
 
+def archive_traces(
+    archive: SQLiteArchive, traces: int, requests: int, steps: int
+) -> list[tuple[str, list[Question]]]:
+    """Run every trace through a Demoter with a small window into ``archive``."""
+    demoter = Demoter(SlidingWindow.last_tokens(4000), archive, on_hook_error="raise")
+    built = []
+    for t in range(traces):
+        cid = f"agent-{t}"
+        messages, facts = make_trace(t, requests, steps)
+        demoter.load(
+            cid,
+            messages,
+            lambda m: demoter.describe(m.role, m.text, opens=m.opens, answers=m.answers),
+        )
+        built.append((cid, facts))
+    return built
+
+
+def ask(
+    archive: SQLiteArchive,
+    cid: str,
+    fact: Question,
+    target: str,
+    distance: int,
+    options: RecallOptions,
+) -> list[Outcome]:
+    """Each of the fact's queries, as the recall tool's first search."""
+    k = options.k
+    outcomes = []
+    for kind, query in fact.queries.items():
+        ranked = [h.key for h in archive.search(cid, query, k)]
+        [whole] = [r.text for r in archive.messages(cid) if r.key == target]
+        began = time.perf_counter()
+        text = drive_sync(answer(archive, cid, options, query=query))
+        seconds = time.perf_counter() - began
+        shown = CUT_MARK.format(key=target) in text or whole in text
+        outcomes.append(
+            Outcome(
+                kind,
+                distance,
+                ranked[:1] == [target],
+                target in ranked,
+                shown,
+                shown and fact.value in text,
+                options.counter(text),
+                seconds,
+            )
+        )
+    return outcomes
+
+
 def run(
-    traces: int, questions: int, requests: int, steps: int, min_distance: int, k: int
+    traces: int,
+    questions: int,
+    requests: int,
+    steps: int,
+    min_distance: int,
+    k: int,
+    snippets: bool = True,
 ) -> dict[str, Any]:
-    options = RecallOptions(k=k)
+    """Build the traces, ask the questions, summarize."""
     outcomes: list[Outcome] = []
     archived = 0
-    with tempfile.TemporaryDirectory(prefix="demote-agent-recall-") as folder:
-        with SQLiteArchive(Path(folder) / "archive.db") as archive:
-            demoter = Demoter(SlidingWindow.last_tokens(4000), archive, on_hook_error="raise")
-            built = []
-            for t in range(traces):
-                cid = f"agent-{t}"
-                messages, facts = make_trace(t, requests, steps)
-                demoter.load(
-                    cid,
-                    messages,
-                    lambda m: demoter.describe(m.role, m.text, opens=m.opens, answers=m.answers),
-                )
-                built.append((cid, messages, facts))
-            for cid, messages, facts in built:
-                keys = {r.index: r.key for r in archive.messages(cid)}
-                archived += len(keys)
-                total_steps = requests * steps
-                eligible = [f for f in facts if total_steps - f.step >= min_distance]
-                eligible = [f for f in eligible if f.index in keys]  # archived, not in window
-                rng = random.Random(cid)
-                for fact in rng.sample(eligible, min(questions, len(eligible))):
-                    target = keys[fact.index]
-                    for kind, query in fact.queries.items():
-                        began = time.perf_counter()
-                        hits = archive.search(cid, query, k)
-                        text = drive_sync(answer(archive, cid, options, query=query))
-                        seconds = time.perf_counter() - began
-                        ranked = [h.key for h in hits]
-                        shown = any(h.key == target and h.text[:60] in text for h in hits)
-                        outcomes.append(
-                            Outcome(
-                                kind,
-                                total_steps - fact.step,
-                                ranked[:1] == [target],
-                                target in ranked,
-                                shown,
-                                shown and fact.value in text,
-                                options.counter(text),
-                                seconds,
-                            )
-                        )
-    return summarize(outcomes, traces, archived, k)
+    total_steps = requests * steps
+    with (
+        tempfile.TemporaryDirectory(prefix="demote-agent-recall-") as folder,
+        SQLiteArchive(Path(folder) / "archive.db") as archive,
+    ):
+        for cid, facts in archive_traces(archive, traces, requests, steps):
+            keys = {r.index: r.key for r in archive.messages(cid)}
+            archived += len(keys)
+            eligible = [
+                f for f in facts if total_steps - f.step >= min_distance and f.index in keys
+            ]
+            rng = random.Random(cid)
+            for fact in rng.sample(eligible, min(questions, len(eligible))):
+                distance = total_steps - fact.step
+                options = RecallOptions(k=k, snippets=snippets)
+                outcomes += ask(archive, cid, fact, keys[fact.index], distance, options)
+    return {**summarize(outcomes, traces, archived, k), "snippets": snippets}
 
 
 def _rate(items: Sequence[Outcome], field: str) -> float:
@@ -335,20 +368,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=12, help="tool steps per request")
     parser.add_argument("--min-distance", type=int, default=50, help="steps before the end")
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument(
+        "--head", action="store_true", help="show long hits by their head, not snippets"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.traces, args.questions = 3, 3
-    result = run(args.traces, args.questions, args.requests, args.steps, args.min_distance, args.k)
+    result = run(
+        args.traces,
+        args.questions,
+        args.requests,
+        args.steps,
+        args.min_distance,
+        args.k,
+        snippets=not args.head,
+    )
     columns = [(name, name, "") for name in result["rows"][0]]
     print(
         f"agent recall: {result['traces']} traces, {result['archived_messages']} archived "
         f"messages, distance >= {result['min_distance_steps']} steps "
-        f"(median {result['median_distance_steps']}), k={result['k']}"
+        f"(median {result['median_distance_steps']}), k={result['k']}, "
+        f"{'snippets' if result['snippets'] else 'heads'}"
     )
     print(table(result["rows"], columns))
-    write_json("agent_recall", {**result, "environment": environment()}, args.out)
+    name = "agent_recall" if result["snippets"] else "agent_recall_heads"
+    write_json(name, {**result, "environment": environment()}, args.out)
     return result
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,6 +43,7 @@ from pydantic import BaseModel, Field
 
 from demote._flow import Call
 from demote.errors import ConfigError
+from demote.hooks._fts import query_terms
 from demote.records import Recalled
 from demote.tokens import Counter, approximate_tokens, resolve_counter
 
@@ -49,6 +51,7 @@ __all__ = [
     "CUT_MARK",
     "MIN_HIT_TOKENS",
     "NO_CONVERSATION",
+    "SHARE",
     "TOOL_DESCRIPTION",
     "RecallArgs",
     "RecallOptions",
@@ -59,6 +62,7 @@ __all__ = [
     "recalled_from_columns",
     "render_fetched",
     "render_hits",
+    "snippet",
     "tool_options",
 ]
 
@@ -66,6 +70,8 @@ logger = logging.getLogger("demote")
 
 #: Ends a hit that was cut to the budget (``{key}`` is the archived key).
 CUT_MARK = " …[cut; fetch key {key} for all of it]"
+#: A search answer keeps room for this many hits: a long hit gets its share of the budget.
+SHARE = 3
 #: A hit is only shown cut when at least this many tokens of the budget are left for it.
 MIN_HIT_TOKENS = 24
 #: What the model reads when the run names no conversation (no thread id).
@@ -81,6 +87,7 @@ TOOL_DESCRIPTION = (
     "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names."
 )
 _HEADER = "Archived messages of this conversation (oldest first):"
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)  # the archive's own split (unicode61)
 _ECHO = 80  # characters of the model's own query or key echoed back
 
 
@@ -159,10 +166,66 @@ def _block(hit: Recalled) -> str:
     return f"{hit_header(hit)} {hit_body(hit)}"
 
 
+def _stems(query: str) -> tuple[str, ...]:
+    # A crude stem (a long term's head), so "connections" finds "connection".
+    return tuple(t if len(t) <= 4 else t[: max(4, len(t) - 2)] for t in query_terms(query))
+
+
+def _matches(line: str, stems: Sequence[str]) -> int:
+    words = _WORD.findall(line.lower())
+    return sum(any(w.startswith(s) for w in words) for s in stems)
+
+
+def _joined(lines: Sequence[str], chosen: set[int]) -> str:
+    out: list[str] = []
+    previous = -1
+    for i in sorted(chosen):
+        if i > previous + 1:
+            out.append("…")
+        out.append(lines[i])
+        previous = i
+    return "\n".join(out)
+
+
+def snippet(body: str, query: str, budget: int, count: Counter, mark: str) -> str:
+    """The lines of a long ``body`` that hold most of ``query``'s terms, within ``budget``.
+
+    The best-matching line first, then the body's first line (a file's or a table's
+    title), then the other matching lines by how many terms they hold; shown in their
+    order, ``…`` where lines were left out, ``mark`` at the end. A body of one line, or
+    one no line of which matches, is cut to its head instead.
+    """
+    lines = body.split("\n")
+    stems = _stems(query)
+    scores = [_matches(line, stems) for line in lines] if stems else []
+    if len(lines) < 2 or not any(scores):
+        return cut_to_tokens(body, budget, count, mark)
+    ranked = sorted((i for i, n in enumerate(scores) if n), key=lambda i: (-scores[i], i))
+    chosen: set[int] = set()
+    for i in dict.fromkeys([ranked[0], 0, *ranked[1:]]):
+        if count(_joined(lines, chosen | {i}) + mark) <= budget:
+            chosen.add(i)
+    if not chosen:
+        return cut_to_tokens(lines[ranked[0]], budget, count, mark)
+    return _joined(lines, chosen) + mark
+
+
 def render_hits(
-    hits: Sequence[Recalled], budget_tokens: int, count: Counter = approximate_tokens
+    hits: Sequence[Recalled],
+    budget_tokens: int,
+    count: Counter = approximate_tokens,
+    query: str = "",
 ) -> str | None:
     """The search answer for ``hits`` (best first) within ``budget_tokens``.
+
+    Args:
+        hits: The search's hits, best first.
+        budget_tokens: Most tokens the answer may count.
+        count: The token counter.
+        query: The search's query: a long hit is then shown by its lines that match it
+            best (:func:`snippet`), each hit within its share of the budget (at least
+            ``1 / SHARE`` of what is left), so several hits are seen. Empty: long hits
+            are cut to their head, best first, until the budget is spent.
 
     Returns:
         A header line and one block per chosen hit, in conversation order; ``None`` when
@@ -176,12 +239,22 @@ def render_hits(
     chosen: list[tuple[int, int, str]] = []  # (index, rank, block)
     for rank, hit in enumerate(hits):
         block = _block(hit)
+        cap = left
+        if query:
+            cap = max(MIN_HIT_TOKENS * 2, left // min(len(hits) - rank, SHARE))
         cost = count(block) + 1
-        if cost > left:
-            if left < MIN_HIT_TOKENS:
+        if cost > min(cap, left):
+            cap = min(cap, left)
+            if cap < MIN_HIT_TOKENS:
                 continue
-            block = cut_to_tokens(block, left - 1, count, CUT_MARK.format(key=hit.key))
-            if not block:
+            mark = CUT_MARK.format(key=hit.key)
+            if query:
+                head = hit_header(hit)
+                room = cap - 1 - count(head) - 1
+                block = f"{head} {snippet(hit_body(hit), query, room, count, mark)}"
+            else:
+                block = cut_to_tokens(block, cap - 1, count, mark)
+            if not block or count(block) + 1 > cap:
                 continue
             cost = count(block) + 1
         chosen.append((hit.index, rank, block))
@@ -269,6 +342,8 @@ class RecallOptions:
         fetch_budget_tokens: Tokens a fetched message may cost when the model does not say
             (a cleared tool result can be long: it is cut there, and the cut says so).
         counter: Counts the answer's tokens (the policy's counter; approximate by default).
+        snippets: Show a long hit by its lines that match the query best, each hit within
+            its share of the budget (:func:`render_hits`); ``False``: by its head.
     """
 
     k: int = 5
@@ -277,6 +352,7 @@ class RecallOptions:
     max_budget_tokens: int = 4000
     fetch_budget_tokens: int = 2000
     counter: Counter = approximate_tokens
+    snippets: bool = True
 
     def __post_init__(self) -> None:
         _bounded("k", self.k, 1)
@@ -392,7 +468,7 @@ def answer(
         hits = yield Call(archive, "search", (conversation_id, query_text, options.clamp_k(k)), {})
     except Exception as exc:
         return _unavailable(conversation_id, exc)
-    rendered = render_hits(list(hits), budget, count)
+    rendered = render_hits(list(hits), budget, count, query_text if options.snippets else "")
     if rendered is None:
         return f"No archived message of this conversation matches {_echo(query_text)!r}."
     return rendered

@@ -25,6 +25,7 @@ from demote.recall_render import (
     recalled_from_columns,
     render_fetched,
     render_hits,
+    snippet,
     tool_options,
 )
 from demote.records import Recalled
@@ -128,15 +129,52 @@ texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=600)
     bodies=st.lists(texts, max_size=8),
     budget=st.integers(min_value=48, max_value=1500),
     counter=st.sampled_from([approximate_tokens, words]),
+    query=st.sampled_from(["", "token config", "zebra"]),
 )
 def test_a_search_answer_never_exceeds_its_budget(
-    bodies: list[str], budget: int, counter: Any
+    bodies: list[str], budget: int, counter: Any, query: str
 ) -> None:
-    hits = [hit(i, b, at=NOON + i) for i, b in enumerate(bodies)]
-    text = render_hits(hits, budget, counter)
+    hits = [hit(i, b + "\nconfig token line" * (i % 3), at=NOON + i) for i, b in enumerate(bodies)]
+    text = render_hits(hits, budget, counter, query)
     if text is not None:
         assert counter(text) <= budget
         assert text.count("\n[user") >= 1
+
+
+def settings_file(service: str, value: int) -> str:
+    lines = [f"# settings of the {service} service"]
+    lines += [f"filler_{j} = {j}" for j in range(200)]
+    lines.insert(150, f"max_connections = {value}")
+    return "\n".join(lines)
+
+
+def test_a_long_hit_is_shown_by_the_lines_that_match_the_query() -> None:
+    target = hit(7, settings_file("billing", 512), role="tool")
+    headed = render_hits([target], 200)
+    focused = render_hits([target], 200, query="billing max connections")
+    assert headed is not None and focused is not None
+    assert "max_connections = 512" not in headed  # line 150 is past the head
+    assert "max_connections = 512" in focused
+    assert "[tool] # settings of the billing service\n…\nmax_connections = 512" in focused
+    assert focused.endswith(CUT_MARK.format(key="key07"))
+    assert approximate_tokens(focused) <= 200
+
+
+def test_several_long_hits_each_get_their_share_of_the_budget() -> None:
+    hits = [hit(i, settings_file(s, 100 + i), role="tool") for i, s in enumerate("abcd")]
+    text = render_hits(hits, 400, query="max connections")
+    assert text is not None and approximate_tokens(text) <= 400
+    for i in range(3):  # SHARE hits at least, each with its matching line
+        assert f"max_connections = {100 + i}" in text
+    # Without the query, the best hit's head takes the whole budget.
+    assert (render_hits(hits, 400) or "").count("[tool]") == 1
+
+
+def test_a_snippet_falls_back_to_the_head() -> None:
+    one_line = "word " * 400
+    assert snippet(one_line, "word", 50, approximate_tokens, " [cut]").endswith("word [cut]")
+    no_match = "alpha\nbeta\n" * 100
+    assert snippet(no_match, "zebra", 20, approximate_tokens, " [cut]").startswith("alpha\nbeta")
 
 
 def test_cut_to_tokens_finds_the_longest_head_that_fits() -> None:
