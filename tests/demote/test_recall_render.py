@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from demote._flow import drive_async, drive_sync
-from demote.errors import ConfigError, StoreError
+from demote.errors import ArgumentTypeError, ConfigError, ConversationIdError, StoreError
+from demote.hooks.archive import SQLiteArchive
 from demote.recall_render import (
     CUT_MARK,
     NO_CONVERSATION,
@@ -28,7 +32,7 @@ from demote.recall_render import (
     snippet,
     tool_options,
 )
-from demote.records import Recalled
+from demote.records import DemotedMessage, Demotion, Recalled
 from demote.tokens import approximate_tokens
 
 NOON = datetime(2026, 12, 1, 12, 35, tzinfo=UTC).timestamp()
@@ -331,3 +335,66 @@ def test_the_async_driver_awaits_the_archives_async_twin() -> None:
     text = asyncio.run(drive_async(flow))
     assert text.endswith("[user] found")
     assert archive.asked == [("asearch", "a", "found", 5)]
+
+
+# -- the archives' fetch ---------------------------------------------------------------------
+
+
+def test_sqlite_fetch_is_scoped_and_reads_a_whole_message_column(tmp_path: Path) -> None:
+    path = tmp_path / "archive.db"
+    batch = Demotion("a", (DemotedMessage("tool", "the result", 4, "k-a"),))
+    with SQLiteArchive(path) as archive:
+        archive.deliver(batch)
+        archive.deliver(Demotion("b", (DemotedMessage("tool", "b's result", 4, "k-b"),)))
+        assert archive.fetch("a", "k-a") == Recalled("tool", "the result", 4, "k-a")
+        assert archive.fetch("a", "k-a").data is None  # type: ignore[union-attr]
+        assert archive.fetch("a", "k-b") is None and archive.fetch("b", "k-a") is None
+        assert archive.fetch("a", "' OR 1=1 --") is None
+        assert asyncio.run(archive.afetch("b", "k-b")) == Recalled("tool", "b's result", 4, "k-b")
+        with pytest.raises(ArgumentTypeError, match=r"^key:"):
+            archive.fetch("a", None)  # type: ignore[arg-type]
+        with pytest.raises(ConversationIdError):
+            archive.fetch("", "k-a")
+    # A file whose rows keep the whole message (a later schema's columns) gives it back.
+    data = {"role": "tool", "text": "the result", "tool": "read_file", "tool_call_id": "c1"}
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE messages ADD COLUMN data TEXT")
+        db.execute("ALTER TABLE messages ADD COLUMN at REAL")
+        db.execute(
+            "UPDATE messages SET data = ?, at = ? WHERE key = 'k-a'", (json.dumps(data), NOON)
+        )
+    with SQLiteArchive(path) as archive:
+        found = archive.fetch("a", "k-a")
+        assert found is not None and found.data == data and found.at == NOON
+        assert render_fetched(found, 100) == "[tool, 2026-12-01 12:35] read_file → the result"
+
+
+def test_postgres_fetch_is_scoped_and_reads_a_whole_message_column(postgres_url: str) -> None:
+    import psycopg
+
+    from demote.hooks.postgres_archive import PostgresArchive
+    from tests.demote.hooks.pg import drop_archive
+
+    table = f"tools_{uuid.uuid4().hex[:12]}"
+    try:
+        archive = PostgresArchive(postgres_url, table=table)
+        archive.deliver(Demotion("a", (DemotedMessage("tool", "the result", 4, "k-a"),)))
+        archive.deliver(Demotion("b", (DemotedMessage("tool", "b's result", 4, "k-b"),)))
+        assert archive.fetch("a", "k-a") == Recalled("tool", "the result", 4, "k-a")
+        assert archive.fetch("a", "k-b") is None and archive.fetch("b", "k-a") is None
+        assert archive.fetch("a", "k-a\x00") is None
+        assert asyncio.run(archive.afetch("b", "k-b")) == Recalled("tool", "b's result", 4, "k-b")
+        with pytest.raises(ArgumentTypeError, match=r"^key:"):
+            archive.fetch("a", 3)  # type: ignore[arg-type]
+        data = {"role": "tool", "text": "the result", "tool": "grep"}
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN data jsonb")
+            conn.execute(
+                f"UPDATE {table} SET data = %s::jsonb WHERE key = 'k-a'", (json.dumps(data),)
+            )
+        found = archive.fetch("a", "k-a")
+        assert found is not None and found.data == data
+        assert hit_body(found) == "grep → the result"
+        archive.close()
+    finally:
+        drop_archive(postgres_url, table)
