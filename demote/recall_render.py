@@ -30,6 +30,8 @@ the rest. The chosen hits are shown in conversation order.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import logging
 import math
@@ -87,7 +89,6 @@ TOOL_DESCRIPTION = (
     "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names."
 )
 _HEADER = "Archived messages of this conversation (oldest first):"
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)  # the archive's own split (unicode61)
 _ECHO = 80  # characters of the model's own query or key echoed back
 
 
@@ -166,14 +167,16 @@ def _block(hit: Recalled) -> str:
     return f"{hit_header(hit)} {hit_body(hit)}"
 
 
-def _stems(query: str) -> tuple[str, ...]:
-    # A crude stem (a long term's head), so "connections" finds "connection".
-    return tuple(t if len(t) <= 4 else t[: max(4, len(t) - 2)] for t in query_terms(query))
+def _matcher(query: str) -> re.Pattern[str] | None:
+    """Finds the query's terms at word starts (``None`` when the query has none).
 
-
-def _matches(line: str, stems: Sequence[str]) -> int:
-    words = _WORD.findall(line.lower())
-    return sum(any(w.startswith(s) for w in words) for s in stems)
+    A long term is matched by its head, a crude stem: "connections" finds "connection".
+    """
+    stems = {t if len(t) <= 4 else t[: max(4, len(t) - 2)] for t in query_terms(query)}
+    if not stems:
+        return None
+    alternatives = "|".join(re.escape(s) for s in sorted(stems, key=len, reverse=True))
+    return re.compile(rf"(?<![^\W_])(?:{alternatives})", re.IGNORECASE)
 
 
 def _joined(lines: Sequence[str], chosen: set[int]) -> str:
@@ -196,18 +199,35 @@ def snippet(body: str, query: str, budget: int, count: Counter, mark: str) -> st
     one no line of which matches, is cut to its head instead.
     """
     lines = body.split("\n")
-    stems = _stems(query)
-    scores = [_matches(line, stems) for line in lines] if stems else []
-    if len(lines) < 2 or not any(scores):
+    matcher = _matcher(query)
+    if len(lines) < 2 or matcher is None:
+        return cut_to_tokens(body, budget, count, mark)
+    # One pass over the body; each match is counted on its line, once per distinct term.
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    found: list[set[str]] = [set() for _ in lines]
+    for match in matcher.finditer(body):
+        found[bisect.bisect_right(starts, match.start()) - 1].add(match.group().lower())
+    scores = [len(terms) for terms in found]
+    if not any(scores):
         return cut_to_tokens(body, budget, count, mark)
     ranked = sorted((i for i, n in enumerate(scores) if n), key=lambda i: (-scores[i], i))
-    chosen: set[int] = set()
+    # Each line costs its count plus a newline and a possible "…" line: the sum bounds
+    # the joined text for the approximate counter, and a final check covers any other.
+    left = budget - count(mark) - 1
+    order: list[int] = []
     for i in dict.fromkeys([ranked[0], 0, *ranked[1:]]):
-        if count(_joined(lines, chosen | {i}) + mark) <= budget:
-            chosen.add(i)
-    if not chosen:
-        return cut_to_tokens(lines[ranked[0]], budget, count, mark)
-    return _joined(lines, chosen) + mark
+        cost = count(lines[i]) + 2
+        if cost <= left:
+            order.append(i)
+            left -= cost
+        if left < 3:
+            break
+    while order:
+        text = _joined(lines, set(order)) + mark
+        if count(text) <= budget:
+            return text
+        order.pop()  # the least relevant line goes first
+    return cut_to_tokens(lines[ranked[0]], budget, count, mark)
 
 
 def render_hits(
