@@ -410,6 +410,7 @@ def tool_options(
     max_budget_tokens: int,
     fetch_budget_tokens: int,
     counter: str | Counter,
+    snippets: bool = True,
 ) -> RecallOptions:
     """Check a recall tool's archive and name, and build its options (both adapters).
 
@@ -429,6 +430,7 @@ def tool_options(
         max_budget_tokens=max_budget_tokens,
         fetch_budget_tokens=fetch_budget_tokens,
         counter=resolve_counter(counter),
+        snippets=bool(snippets),
     )
 
 

@@ -163,6 +163,7 @@ def recall_tool(
     max_budget_tokens: int = 4000,
     fetch_budget_tokens: int = 2000,
     counter: str | Counter = "approx",
+    snippets: bool = True,
     name: str = "recall",
     description: str = TOOL_DESCRIPTION,
     conversation_id: Callable[[Any], str] | object | None = None,
@@ -186,6 +187,8 @@ def recall_tool(
             not say (longer ones are cut, and the cut says so).
         counter: Counts the answer's tokens: use the policy's counter (``"approx"``,
             ``"tiktoken"`` or a ``str -> int`` callable).
+        snippets: Show a long search hit by its lines that match the query best (each
+            hit within its share of the budget); ``False``: by its head.
         name: The tool's name (the placeholders of cleared results say "the recall tool").
         description: What the model is told the tool does.
         conversation_id: Names the conversation from the tool's ``ToolRuntime``: a
@@ -208,6 +211,7 @@ def recall_tool(
         max_budget_tokens=max_budget_tokens,
         fetch_budget_tokens=fetch_budget_tokens,
         counter=counter,
+        snippets=snippets,
     )
     namer = conversation_id
     if namer is not None and not callable(namer):

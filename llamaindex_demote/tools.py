@@ -39,6 +39,7 @@ def recall_tool(
     max_budget_tokens: int = 4000,
     fetch_budget_tokens: int = 2000,
     counter: str | Counter = "approx",
+    snippets: bool = True,
     name: str = "recall",
     description: str = TOOL_DESCRIPTION,
 ) -> FunctionTool:
@@ -57,6 +58,8 @@ def recall_tool(
         fetch_budget_tokens: Tokens a fetched message takes at most when the model does
             not say (longer ones are cut, and the cut says so).
         counter: Counts the answer's tokens (the policy's counter).
+        snippets: Show a long search hit by its lines that match the query best (each
+            hit within its share of the budget); ``False``: by its head.
         name: The tool's name.
         description: What the model is told the tool does.
 
@@ -76,6 +79,7 @@ def recall_tool(
         max_budget_tokens=max_budget_tokens,
         fetch_budget_tokens=fetch_budget_tokens,
         counter=counter,
+        snippets=snippets,
     )
     key_of = getattr(conversation_id, "chat_store_key", None)  # a DemotingMemory
     cid = validate_conversation_id(key_of if key_of is not None else conversation_id)

@@ -253,6 +253,21 @@ def test_tool_options_need_an_archive_that_searches_and_fetches() -> None:
         tool_options(FakeArchive(), "", **bounds)
     with pytest.raises(ConfigError, match=r"^counter:"):
         tool_options(FakeArchive(), "recall", **{**bounds, "counter": "no-such-counter"})
+    assert tool_options(FakeArchive(), "recall", **bounds).snippets
+    assert not tool_options(FakeArchive(), "recall", **bounds, snippets=False).snippets
+
+
+def test_without_snippets_a_long_hit_is_shown_by_its_head() -> None:
+    long = hit(3, settings_file("billing", 512), role="tool")
+    archive = FakeArchive(hits=[long])
+    with_snippets = run(archive, "a", query="max connections", budget_tokens=100)
+    heads = drive_sync(
+        answer(
+            archive, "a", RecallOptions(snippets=False), query="max connections", budget_tokens=100
+        )
+    )
+    assert "max_connections = 512" in with_snippets
+    assert "max_connections = 512" not in heads and "filler_0 = 0" in heads
 
 
 # -- the flow ------------------------------------------------------------------------------
