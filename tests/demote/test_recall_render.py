@@ -6,6 +6,7 @@ import asyncio
 import json
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -413,3 +414,42 @@ def test_postgres_fetch_is_scoped_and_reads_a_whole_message_column(postgres_url:
         archive.close()
     finally:
         drop_archive(postgres_url, table)
+
+
+@pytest.fixture(scope="module")
+def two_tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteArchive]:
+    path = tmp_path_factory.mktemp("tenants") / "archive.db"
+    with SQLiteArchive(path) as archive:
+        for cid, secret in (("a", "alpha"), ("b", "zulu")):
+            messages = tuple(
+                DemotedMessage(
+                    "tool", f"{cid} {secret}{i} deploy token scope c{i} OR NEAR", i, f"{cid}{i}"
+                )
+                for i in range(40)
+            )
+            archive.deliver(Demotion(cid, messages))
+        yield archive
+
+
+TENANT_WORDS = ["zulu1", "alpha2", "deploy", "token", "OR", "NEAR", "scope", "c3", "b", "'", "*"]
+queries = st.one_of(st.text(max_size=120), st.lists(st.sampled_from(TENANT_WORDS)).map(" ".join))
+
+
+@settings(max_examples=200, deadline=None)
+@given(query=queries, key=st.one_of(st.none(), st.sampled_from(["a3", "b3", "b3 ", "*"])))
+def test_no_query_or_key_reads_another_conversation(
+    two_tenants: SQLiteArchive, query: str, key: str | None
+) -> None:
+    text = drive_sync(answer(two_tenants, "a", RecallOptions(), query=query, key=key))
+    blocks = [line for line in text.splitlines() if line.startswith("[")]
+    assert all(line.startswith("[tool] a alpha") for line in blocks), text
+    if key in ("a3",) or (key is None and "alpha2" in query):
+        assert blocks  # the conversation's own messages are found
+
+
+@pytest.mark.parametrize("key", [f"b{i}" for i in range(0, 40, 7)])
+def test_every_key_of_another_conversation_is_not_found(
+    two_tenants: SQLiteArchive, key: str
+) -> None:
+    text = drive_sync(answer(two_tenants, "a", RecallOptions(), key=key))
+    assert text == f"No archived message with key {key!r} in this conversation."
