@@ -23,9 +23,12 @@ time, UTC, when the archive recorded it). The body comes from the whole message 
 archive kept it (:attr:`demote.records.Recalled.data`): an assistant message's tool calls
 read ``name({"arg": ...})``, a tool result reads ``name → result``, media blocks show as
 ``[image]``; a text-only row shows its text. Hits are chosen best first until the token
-budget (counted with the given counter over the whole answer, newlines included) is spent;
-a hit longer than what is left is cut, and the cut names its key so the model can fetch
-the rest. The chosen hits are shown in conversation order.
+budget (counted with the given counter over the whole answer, newlines included) is spent.
+A hit longer than its share (a third of what is left, so several hits are seen) is shown
+by its lines that hold most of the query's terms, with its first line (a file's or a
+table's title) and ``…`` for what was left out (:func:`snippet`); the cut names the hit's
+key, so the model can fetch the whole message. The chosen hits are shown in conversation
+order.
 """
 
 from __future__ import annotations
@@ -270,8 +273,8 @@ def render_hits(
             mark = CUT_MARK.format(key=hit.key)
             if query:
                 head = hit_header(hit)
-                room = cap - 1 - count(head) - 1
-                block = f"{head} {snippet(hit_body(hit), query, room, count, mark)}"
+                shown = snippet(hit_body(hit), query, cap - 1 - count(head) - 1, count, mark)
+                block = f"{head} {shown}" if shown else ""
             else:
                 block = cut_to_tokens(block, cap - 1, count, mark)
             if not block or count(block) + 1 > cap:
