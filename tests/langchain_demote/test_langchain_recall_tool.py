@@ -353,6 +353,14 @@ def test_the_model_sees_only_query_key_k_and_budget(archive: SQLiteArchive) -> N
     schema = tool_.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
     assert set(schema["properties"]) == {"query", "key", "k", "budget_tokens"}
     assert "key" in tool_.description and "query" in tool_.description
+    # What the providers' own converters send (offline): the injected runtime is not there.
+    from langchain_anthropic.chat_models import convert_to_anthropic_tool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    openai = convert_to_openai_tool(tool_)["function"]
+    assert set(openai["parameters"]["properties"]) == set(schema["properties"])
+    anthropic = convert_to_anthropic_tool(tool_)
+    assert set(anthropic["input_schema"]["properties"]) == set(schema["properties"])
 
 
 @pytest.mark.parametrize("budget", [48, 120, 300, 900])
