@@ -127,9 +127,9 @@ def test_function_agent_searches_then_fetches_from_its_memorys_conversation(
     tool_texts = [text_of(m) for call in seen for m in call if m.role == MessageRole.TOOL]
     searched, fetched = tool_texts[-2:]
     assert SECRET[mine] in searched and approximate_tokens(searched) <= 200
-    assert fetched.startswith(f"[tool] staging deploy token is {SECRET[mine]}")
+    assert fetched.startswith("[tool") and f"staging deploy token is {SECRET[mine]}" in fetched
     assert fetched.endswith(END[mine])
-    assert answer.startswith("answer: [tool] staging deploy token")
+    assert answer.startswith("answer: [tool") and SECRET[mine] in answer
     everything = "\n".join(text_of(m) for call in seen for m in call) + answer
     assert SECRET[theirs] not in everything and END[theirs] not in everything
 
@@ -169,9 +169,8 @@ def test_nothing_the_model_passes_reaches_the_other_conversation(
     for text in answers:
         assert SECRET["agent-b"] not in text and END["agent-b"] not in text
     assert (archive.count("agent-a"), archive.count("agent-b")) == before
-    assert call(key=secret_key(archive, "agent-a"), budget_tokens=60).startswith(
-        "[tool] staging deploy token is ALPHA-7781"
-    )
+    fetched = call(key=secret_key(archive, "agent-a"), budget_tokens=60)
+    assert "staging deploy token is ALPHA-7781" in fetched and approximate_tokens(fetched) <= 60
 
 
 def test_the_model_sees_query_key_k_and_budget(archive: SQLiteArchive) -> None:
