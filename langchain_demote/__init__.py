@@ -20,7 +20,8 @@ needs the ``langchain`` package, extra ``demote[agents]``, and is imported on fi
 :mod:`~langchain_demote.history` (the chat history and ``with_demotion``),
 :mod:`~langchain_demote.messages` (pure conversion to and from the core's records),
 :mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever),
-:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``) and
+:mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``),
+:mod:`~langchain_demote.tools` (``recall_tool``: an agent searches its archive) and
 :mod:`~langchain_demote.callbacks` (what demotion did, as custom callback events in the
 run that caused it).
 """
@@ -38,6 +39,7 @@ from langchain_demote.history import DemotingChatMessageHistory, with_demotion
 from langchain_demote.hooks import ArchiveRetriever, VectorStoreHook, archive_retriever
 from langchain_demote.messages import from_core, to_core
 from langchain_demote.summarizer import ChatModelSummarizer
+from langchain_demote.tools import recall_tool
 
 if _typing.TYPE_CHECKING:
     from langchain_demote.middleware import DemotingMiddleware
@@ -59,6 +61,7 @@ __all__ = [
     "VectorStoreHook",
     "archive_retriever",
     "from_core",
+    "recall_tool",
     "to_core",
     "with_demotion",
 ]

@@ -14,6 +14,7 @@ Install with ``pip install 'demote[llamaindex]'``::
   instrumentation events (``DemoteDemotedEvent``, ...) any registered handler sees.
 - :mod:`llamaindex_demote.messages`: pure ``to_core`` / ``from_core`` conversion.
 - :mod:`llamaindex_demote.summarizer`: :class:`LLMSummarizer` for the ``Compact`` strategy.
+- :mod:`llamaindex_demote.tools`: ``recall_tool``, with which an agent searches its archive.
 """
 
 from __future__ import annotations
@@ -28,5 +29,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from llamaindex_demote.memory import DemotingMemory
 from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
 from llamaindex_demote.summarizer import LLMSummarizer
+from llamaindex_demote.tools import recall_tool
 
-__all__ = ["DemotingMemory", "LLMSummarizer", "RECALL_PREFIX", "from_core", "to_core"]
+__all__ = [
+    "DemotingMemory",
+    "LLMSummarizer",
+    "RECALL_PREFIX",
+    "from_core",
+    "recall_tool",
+    "to_core",
+]

@@ -569,3 +569,38 @@ class SQLiteArchive(Closing):
             if not self._closed:
                 self._closed = True
                 self._db.close()
+
+    # -- fetching one message by key (the recall tool) ----------------------------------
+
+    def fetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """The stored message of ``conversation_id`` under ``key``, or ``None``.
+
+        What an agent's recall tool reads when the model asks for a cleared tool result
+        by the key its placeholder names (:func:`demote.clearing.placeholder_text`). Only
+        ``conversation_id``'s messages are looked at: another conversation's key is not
+        found. The whole message comes back in :attr:`Recalled.data <demote.records.Recalled>`
+        when the row holds it (rows archived text-only give ``data=None``).
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            ArgumentTypeError: ``key`` is not a ``str``.
+            StoreError: SQLite failed.
+        """
+        from demote.recall_render import recalled_from_columns
+
+        conversation_id = validate_conversation_id(conversation_id)
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        with self._locked("fetch an archived message") as db:
+            cursor = db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? AND key = ? "
+                "ORDER BY id DESC LIMIT 1",
+                (conversation_id, storable_text(key)),
+            )
+            row = cursor.fetchone()
+            names = [column[0] for column in cursor.description]
+        return None if row is None else recalled_from_columns(dict(zip(names, row, strict=True)))
+
+    async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """:meth:`fetch` for async callers (the SQLite work runs in a worker thread)."""
+        return await asyncio.to_thread(self.fetch, conversation_id, key)

@@ -531,3 +531,46 @@ class PostgresArchive(Closing):
         """Close this loop's async pool, then everything :meth:`close` closes."""
         await self._pools.aclose()
         self._matrices.clear()
+
+    # -- fetching one message by key (the recall tool) ----------------------------------
+
+    def _fetch(self, conversation_id: str, key: str) -> _Steps[Recalled | None]:
+        from demote.hooks._pg_flows import Stmt
+        from demote.hooks._search import scope
+        from demote.recall_render import recalled_from_columns
+
+        cid = storable_id(conversation_id)
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        # The row as JSON: the columns this version of the table has, by name (a newer
+        # schema's whole-message column included), without the index's own columns.
+        sql = (
+            f"SELECT to_jsonb(m) - 'tsv' - 'context' FROM {self.table} m "
+            "WHERE m.scope = %(scope)s AND m.conversation_id = %(cid)s AND m.key = %(key)s "
+            "ORDER BY m.id DESC LIMIT 1"
+        )
+
+        def flow() -> Flow[list[Any]]:
+            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _text(key)})
+            return [row[0] for row in rows]
+
+        found: list[Any] = yield self._db(flow())
+        return recalled_from_columns(found[0]) if found else None
+
+    def fetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """The stored message of ``conversation_id`` under ``key``, or ``None``.
+
+        :meth:`SQLiteArchive.fetch <demote.hooks.archive.SQLiteArchive.fetch>` in
+        PostgreSQL: scoped to the conversation (another conversation's key is not found),
+        the whole message in ``data`` when the row holds it.
+
+        Raises:
+            ConversationIdError: The conversation id is unusable.
+            ArgumentTypeError: ``key`` is not a ``str``.
+            StoreError: PostgreSQL failed or timed out.
+        """
+        return drive_sync(self._fetch(conversation_id, key))
+
+    async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """:meth:`fetch` on the async pool."""
+        return await drive_async(self._fetch(conversation_id, key))

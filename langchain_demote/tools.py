@@ -1,0 +1,225 @@
+"""``recall_tool``: an agent searches its own long tail, and fetches cleared tool results.
+
+``DemotingMiddleware(recall=archive)`` injects recall before the newest human message,
+which suits a chat. An agent also needs to look something up when *it* decides to, and to
+get back a tool result the window cleared (its placeholder names the archived key; see
+:func:`demote.clearing.placeholder_text`). :func:`recall_tool` gives it a LangChain tool
+for both::
+
+    archive = SQLiteArchive("archive.db")
+    agent = create_agent(
+        model,
+        [*tools, recall_tool(archive)],
+        checkpointer=InMemorySaver(),
+        middleware=[DemotingMiddleware(Demoter(policy, archive), recall=archive)],
+    )
+    agent.invoke({"messages": [...]}, {"configurable": {"thread_id": "t1"}})
+
+Whose archive it reads. The conversation is the run's, never an argument of the model:
+the LangGraph thread id (from the ``ToolRuntime`` the tool node injects, or the run's
+config ``configurable.thread_id``), or what a ``conversation_id=`` callable (or a
+``DemotingMiddleware``'s own) names from that runtime; without a thread id, the id
+``DemotingMiddleware`` gives such an agent (``"first-message:" + id`` of the state's first
+message). The model passes only a query, a key, ``k`` and a budget: a key of another
+conversation is not found, a query is only ever searched for as words, and a run with no
+conversation gets a sentence saying so. The answer is always text for the model
+(:mod:`demote.recall_render` renders it, the same for LlamaIndex), never an exception.
+
+Sync and async: ``invoke`` runs the archive's ``search`` / ``fetch``, ``ainvoke`` awaits
+``asearch`` / ``afetch``; both drive the one flow :func:`demote.recall_render.answer`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, InjectedToolArg
+from pydantic import BaseModel, ConfigDict
+
+from demote._flow import drive_async, drive_sync
+from demote.errors import ConfigError
+from demote.recall_render import TOOL_DESCRIPTION, RecallArgs, RecallOptions, answer, tool_options
+from demote.tokens import Counter
+
+__all__ = ["RecallInput", "RecallTool", "recall_tool"]
+
+logger = logging.getLogger("demote")
+
+#: How the conversation id of an agent without a thread id begins (DemotingMiddleware's).
+_FIRST_MESSAGE = "first-message:"
+
+
+class RecallInput(RecallArgs):
+    """What the model passes the recall tool (``runtime`` is injected, never the model's)."""
+
+    runtime: Annotated[Any, InjectedToolArg] = None
+
+
+@functools.cache
+def _tool_runtime_type() -> type | None:
+    try:
+        from langgraph.prebuilt import ToolRuntime
+    except ImportError:  # pragma: no cover - without langgraph there is no tool node
+        return None
+    return ToolRuntime
+
+
+def _thread_id(runtime: Any, config: Mapping[str, Any] | None) -> str | None:
+    info = getattr(runtime, "execution_info", None)
+    thread_id = getattr(info, "thread_id", None)
+    for source in (getattr(runtime, "config", None), config):
+        if thread_id is None and isinstance(source, Mapping):
+            configurable = source.get("configurable")
+            if isinstance(configurable, Mapping):
+                thread_id = configurable.get("thread_id")
+    return None if thread_id is None else str(thread_id)
+
+
+def _first_message_id(runtime: Any) -> str | None:
+    state = getattr(runtime, "state", None)
+    messages = state.get("messages") if isinstance(state, Mapping) else None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    first_id = getattr(first, "id", None)
+    return _FIRST_MESSAGE + first_id if isinstance(first_id, str) and first_id else None
+
+
+class RecallTool(BaseTool):
+    """The tool :func:`recall_tool` returns (see the module docstring)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    args_schema: type[BaseModel] = RecallInput
+    archive: Any
+    options: RecallOptions
+    namer: Callable[[Any], str] | None = None
+
+    def conversation(self, runtime: Any, config: Mapping[str, Any] | None) -> str | None:
+        """The conversation of this call, from the run (``None`` when it names none).
+
+        Args:
+            runtime: What the tool node injected; anything but a ``ToolRuntime`` (say,
+                a dict the model slipped into its arguments) is ignored.
+            config: The run's config.
+        """
+        runtime_type = _tool_runtime_type()
+        if runtime_type is None or not isinstance(runtime, runtime_type):
+            runtime = None
+        if self.namer is not None:
+            if runtime is None:
+                return None
+            try:
+                return str(self.namer(runtime))
+            except Exception as exc:
+                logger.warning("demote: the recall tool's conversation_id failed: %r", exc)
+                return None
+        return _thread_id(runtime, config) or _first_message_id(runtime)
+
+    def _flow(self, input_: dict[str, Any], config: RunnableConfig | None) -> Any:
+        runtime = input_.pop("runtime", None)
+        return answer(self.archive, self.conversation(runtime, config), self.options, **input_)
+
+    def _run(
+        self,
+        query: str | None = None,
+        key: str | None = None,
+        k: int | None = None,
+        budget_tokens: int | None = None,
+        runtime: Any = None,
+        *,
+        config: RunnableConfig,
+        run_manager: CallbackManagerForToolRun | None = None,
+    ) -> str:
+        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens}
+        result: str = drive_sync(self._flow({**args, "runtime": runtime}, config))
+        return result
+
+    async def _arun(
+        self,
+        query: str | None = None,
+        key: str | None = None,
+        k: int | None = None,
+        budget_tokens: int | None = None,
+        runtime: Any = None,
+        *,
+        config: RunnableConfig,
+        run_manager: AsyncCallbackManagerForToolRun | None = None,
+    ) -> str:
+        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens}
+        result: str = await drive_async(self._flow({**args, "runtime": runtime}, config))
+        return result
+
+
+def recall_tool(
+    archive: object,
+    *,
+    k: int = 5,
+    max_k: int = 20,
+    budget_tokens: int = 500,
+    max_budget_tokens: int = 4000,
+    fetch_budget_tokens: int = 2000,
+    counter: str | Counter = "approx",
+    snippets: bool = True,
+    name: str = "recall",
+    description: str = TOOL_DESCRIPTION,
+    conversation_id: Callable[[Any], str] | object | None = None,
+) -> BaseTool:
+    """A LangChain tool with which an agent searches and fetches its own archived messages.
+
+    Example::
+
+        agent = create_agent(model, [search_web, recall_tool(archive)],
+                             checkpointer=InMemorySaver(), middleware=[middleware])
+
+    Args:
+        archive: The long tail: ``search(conversation_id, query, k)`` and
+            ``fetch(conversation_id, key)``, with async twins when it has them
+            (``SQLiteArchive``, ``PostgresArchive``).
+        k: Hits a search returns when the model does not say.
+        max_k: Most hits the model may ask for.
+        budget_tokens: Tokens a search answer takes at most when the model does not say.
+        max_budget_tokens: Most tokens the model may ask for.
+        fetch_budget_tokens: Tokens a fetched message takes at most when the model does
+            not say (longer ones are cut, and the cut says so).
+        counter: Counts the answer's tokens: use the policy's counter (``"approx"``,
+            ``"tiktoken"`` or a ``str -> int`` callable).
+        snippets: Show a long search hit by its lines that match the query best (each
+            hit within its share of the budget); ``False``: by its head.
+        name: The tool's name (the placeholders of cleared results say "the recall tool").
+        description: What the model is told the tool does.
+        conversation_id: Names the conversation from the tool's ``ToolRuntime``: a
+            callable (as ``DemotingMiddleware``'s ``conversation_id=``), or the
+            ``DemotingMiddleware`` itself to use the same naming. By default the thread
+            id, or ``DemotingMiddleware``'s id for an agent without one.
+
+    Returns:
+        A ``BaseTool`` (``invoke`` and ``ainvoke``) answering the model in text.
+
+    Raises:
+        ConfigError: ``archive`` cannot search and fetch, or an option is out of range.
+    """
+    options = tool_options(
+        archive,
+        name,
+        k=k,
+        max_k=max_k,
+        budget_tokens=budget_tokens,
+        max_budget_tokens=max_budget_tokens,
+        fetch_budget_tokens=fetch_budget_tokens,
+        counter=counter,
+        snippets=snippets,
+    )
+    namer = conversation_id
+    if namer is not None and not callable(namer):
+        if not hasattr(namer, "demoter"):
+            raise ConfigError(
+                f"conversation_id: must be a callable or a DemotingMiddleware, got {namer!r:.40}"
+            )
+        namer = getattr(namer, "conversation_id", None)  # a middleware's own naming, if any
+    return RecallTool(
+        name=name, description=description, archive=archive, options=options, namer=namer
+    )

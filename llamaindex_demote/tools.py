@@ -1,0 +1,109 @@
+"""``recall_tool``: a LlamaIndex agent searches its own long tail, and fetches cleared results.
+
+``DemotingMemory(recall=archive)`` places recall in the prompt of a chat. An agent also
+needs to look something up when *it* decides to, and to read back a tool result by the
+key its placeholder names (:func:`demote.clearing.placeholder_text`).
+:func:`recall_tool` gives it a ``FunctionTool`` for both, bound to one conversation::
+
+    memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="user-42")
+    agent = FunctionAgent(tools=[*tools, recall_tool(archive, conversation_id=memory)], llm=llm)
+    await agent.run("...", memory=memory)
+
+The conversation is fixed when the tool is made (the memory's ``chat_store_key``), never
+an argument of the model: a key of another conversation is not found and a query is only
+ever searched for as words. The answer is always text for the model, rendered by
+:mod:`demote.recall_render` as for LangChain; ``call`` runs the archive's ``search`` /
+``fetch`` and ``acall`` awaits ``asearch`` / ``afetch``, both through the one flow
+:func:`demote.recall_render.answer`.
+"""
+
+from __future__ import annotations
+
+from llama_index.core.tools import FunctionTool
+
+from demote._flow import drive_async, drive_sync
+from demote.recall_render import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
+from demote.state.base import validate_conversation_id
+from demote.tokens import Counter
+
+__all__ = ["recall_tool"]
+
+
+def recall_tool(
+    archive: object,
+    conversation_id: object,
+    *,
+    k: int = 5,
+    max_k: int = 20,
+    budget_tokens: int = 500,
+    max_budget_tokens: int = 4000,
+    fetch_budget_tokens: int = 2000,
+    counter: str | Counter = "approx",
+    snippets: bool = True,
+    name: str = "recall",
+    description: str = TOOL_DESCRIPTION,
+) -> FunctionTool:
+    """A LlamaIndex tool with which an agent searches and fetches its archived messages.
+
+    Args:
+        archive: The long tail: ``search(conversation_id, query, k)`` and
+            ``fetch(conversation_id, key)``, with async twins when it has them
+            (``SQLiteArchive``, ``PostgresArchive``).
+        conversation_id: The conversation the tool reads: its id (the memory's
+            ``chat_store_key``) or the :class:`~llamaindex_demote.DemotingMemory` itself.
+        k: Hits a search returns when the model does not say.
+        max_k: Most hits the model may ask for.
+        budget_tokens: Tokens a search answer takes at most when the model does not say.
+        max_budget_tokens: Most tokens the model may ask for.
+        fetch_budget_tokens: Tokens a fetched message takes at most when the model does
+            not say (longer ones are cut, and the cut says so).
+        counter: Counts the answer's tokens (the policy's counter).
+        snippets: Show a long search hit by its lines that match the query best (each
+            hit within its share of the budget); ``False``: by its head.
+        name: The tool's name.
+        description: What the model is told the tool does.
+
+    Returns:
+        A ``FunctionTool`` with a sync and an async function.
+
+    Raises:
+        ConfigError: ``archive`` cannot search and fetch, the conversation id is unusable
+            (:class:`~demote.errors.ConversationIdError`), or an option is out of range.
+    """
+    options = tool_options(
+        archive,
+        name,
+        k=k,
+        max_k=max_k,
+        budget_tokens=budget_tokens,
+        max_budget_tokens=max_budget_tokens,
+        fetch_budget_tokens=fetch_budget_tokens,
+        counter=counter,
+        snippets=snippets,
+    )
+    key_of = getattr(conversation_id, "chat_store_key", None)  # a DemotingMemory
+    cid = validate_conversation_id(key_of if key_of is not None else conversation_id)
+
+    def recall(
+        query: str | None = None,
+        key: str | None = None,
+        k: int | None = None,
+        budget_tokens: int | None = None,
+    ) -> str:
+        """Search this conversation's archived messages (query) or fetch one (key)."""
+        flow = answer(archive, cid, options, query=query, key=key, k=k, budget_tokens=budget_tokens)
+        return drive_sync(flow)
+
+    async def arecall(
+        query: str | None = None,
+        key: str | None = None,
+        k: int | None = None,
+        budget_tokens: int | None = None,
+    ) -> str:
+        """Search this conversation's archived messages (query) or fetch one (key)."""
+        flow = answer(archive, cid, options, query=query, key=key, k=k, budget_tokens=budget_tokens)
+        return await drive_async(flow)
+
+    return FunctionTool.from_defaults(
+        fn=recall, async_fn=arecall, name=name, description=description, fn_schema=RecallArgs
+    )
