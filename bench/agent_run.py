@@ -32,7 +32,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, PrivateAttr
 
-from bench.agent_traces import AgentTrace
+from bench.agent_traces import AgentTrace, Request
 
 __all__ = ["AgentRun", "ScriptedModel", "SummaryModel", "run_agent", "scripted_tools"]
 
@@ -166,11 +166,18 @@ class AgentRun:
     interrupts: int = 0
 
 
-def _replies(trace: AgentTrace) -> list[AIMessage]:
+def _abandoned(request: Request, hitl: Mapping[str, str]) -> bool:
+    return bool(request.steps) and any(
+        hitl.get(c["id"]) == "abandon" for c in request.steps[-1].call.tool_calls
+    )
+
+
+def _replies(trace: AgentTrace, hitl: Mapping[str, str]) -> list[AIMessage]:
     out: list[AIMessage] = []
     for request in trace.requests:
         out.extend(step.call for step in request.steps)
-        out.append(request.answer)
+        if not _abandoned(request, hitl):
+            out.append(request.answer)
     return out
 
 
@@ -189,15 +196,16 @@ def run_agent(
 
     Without a checkpointer each request is invoked with the previous result's messages
     plus the new human message (the caller keeps the history); with one, with the thread
-    id, and interrupts are resumed with ``Command(resume=decision)``.
+    id, and interrupts are resumed with ``Command(resume=decision)``, except an
+    ``"abandon"`` decision: the next request is sent instead, the call left unanswered.
     """
     from langchain.agents import create_agent
     from langgraph.types import Command
 
     model = model or ScriptedModel()
-    model.replies = _replies(trace)
-    model.before_reply = before_reply
     hitl = dict(hitl or {})
+    model.replies = _replies(trace, hitl)
+    model.before_reply = before_reply
     agent = create_agent(
         model,
         scripted_tools(trace, hitl),
@@ -219,8 +227,10 @@ def run_agent(
             if not pending:
                 break
             interrupts += 1
-            call = pending[0].value["call"]
-            state = agent.invoke(Command(resume=hitl.get(call, "approve")), config)
+            decisions = {p.id: hitl.get(p.value["call"], "approve") for p in pending}
+            if "abandon" in decisions.values():
+                break  # the user sends the next request instead of answering
+            state = agent.invoke(Command(resume=decisions), config)
         history = list(state["messages"])
     return AgentRun(model.seen, model.tools, history, interrupts)
 
