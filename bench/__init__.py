@@ -7,6 +7,8 @@ Sections (each writes ``bench/results/<section>.json`` and a PNG, and prints a t
    (:mod:`bench.cache_cost`).
 3. ``recall``: LoCoMo evidence retained, window versus window plus archive recall
    (:mod:`bench.recall_locomo`).
+7. ``agents``: tokens sent per model call of agent tool loops, invalid requests and billed
+   input with prompt caching, demote against LangChain's middleware (:mod:`bench.agents`).
 
 Nothing reaches the network; the LoCoMo data is read in place from
 ``../shared/data/locomo`` (or ``$DEMOTE_LOCOMO``).

@@ -30,6 +30,7 @@ for _name, _value in (
     os.environ.setdefault(_name, _value)
 
 from bench import (  # noqa: E402
+    agents,
     cache_cost,
     capture_scale,
     fleet,
@@ -46,6 +47,7 @@ SECTIONS = {
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
+    "7": "agents",
 }
 
 
@@ -86,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         elif name == "fleet":
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "agents":
+            print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "pg_archive":
             payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
             print(pg_archive.report(payload))

@@ -56,6 +56,14 @@ def test_quick_bench_writes_every_section(
     assert capture["memory"]["store_bytes_per_conversation"] > 0
     assert capture["sqlite"]["loads_per_second"]["1"] > 0
 
+    assert "## 7. Agents" in printed
+    agents = json.loads((tmp_path / "agents.json").read_text())
+    rows = {(r["trace"], r["setup"]): r for r in agents["rows"]}
+    bare = rows[("long_request", "no memory")]
+    assert bare["calls"] == agents["traces"][0]["model_calls"]
+    assert bare["invalid"] == 0 and bare["peak"] > agents["limits"][0]
+    assert rows[("long_request", "SummarizationMiddleware")]["summary_calls"] > 0
+
     for section in ("turn_cost", "cache_cost", "capture", "fleet"):
         assert (tmp_path / f"{section}.png").read_bytes()[:4] == b"\x89PNG"
     if (tmp_path / "recall.json").exists():

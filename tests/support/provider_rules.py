@@ -1,0 +1,215 @@
+"""Would a provider accept this request? The documented ordering rules, checked offline.
+
+Three checks of a model request (the messages a chat model is sent, system prompt
+included), each returning a list of violations (empty: valid):
+
+- :func:`ordering_violations`: the rules the providers document for chat messages, on
+  the LangChain messages themselves:
+
+  1. no system message after a non-system one (Anthropic takes system text only at the
+     start; the request's own system prompt comes first);
+  2. the first message after the system messages is a user message (Anthropic, Gemini);
+  3. no tool result without its call: a ``ToolMessage`` answers a call of the assistant
+     message that opens its run of tool results, and each call is answered once (OpenAI:
+     "messages with role 'tool' must be a response to a preceding message with
+     'tool_calls'"; Anthropic: "each tool_result block must have a corresponding tool_use
+     block in the previous message");
+  4. no call without all of its results before the next non-tool message (OpenAI: "an
+     assistant message with 'tool_calls' must be followed by tool messages responding to
+     each 'tool_call_id'"; Anthropic: tool_use blocks must be followed immediately by
+     their tool_result blocks).
+
+- :func:`anthropic_violations`: langchain-anthropic's own message formatting
+  (``langchain_anthropic.chat_models._format_messages``, what ``ChatAnthropic`` sends),
+  then the same pairing rules on the payload it builds: tool_result blocks answer the
+  tool_use blocks of the assistant message just before, come first in their user
+  message, and every tool_use is answered there; the first message has the user role;
+  no message has empty content.
+- :func:`openai_violations`: langchain-openai's own conversion
+  (``langchain_openai.chat_models.base._convert_message_to_dict``, what ``ChatOpenAI``
+  sends to chat completions), then the pairing rules on the dicts it builds.
+
+Both converters are private functions of the installed versions (pinned in the dev
+extra); they run without a network or an API key. An exception from one is a violation.
+The benchmark (:mod:`bench.agents`) counts invalid requests with :func:`violations`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import content as _content
+
+__all__ = [
+    "anthropic_violations",
+    "is_valid",
+    "openai_violations",
+    "ordering_violations",
+    "violations",
+]
+
+
+# langchain-core recomputes the data block types from type hints on every content block
+# (``is_data_content_block``), which makes langchain-anthropic's formatting of a 400-message
+# request take 0.1 s. The answer is a constant of the installed release: cache it.
+if not hasattr(_content._get_data_content_block_types, "cache_info"):
+    _content._get_data_content_block_types = functools.cache(  # type: ignore[assignment]
+        _content._get_data_content_block_types
+    )
+
+
+def _call_ids(message: AIMessage) -> list[str]:
+    calls: list[Any] = [*message.tool_calls, *message.invalid_tool_calls]
+    return [str(c.get("id")) for c in calls if c.get("id")]
+
+
+def ordering_violations(messages: Sequence[BaseMessage]) -> list[str]:
+    """The documented ordering rules broken by ``messages`` (see the module docstring)."""
+    out: list[str] = []
+    seen_other = False
+    first_other: BaseMessage | None = None
+    open_calls: list[str] = []  # calls of the current assistant turn not yet answered
+    turn_calls: set[str] = set()  # all calls of the current assistant turn
+    answered: set[str] = set()
+    for i, m in enumerate(messages):
+        if isinstance(m, SystemMessage):
+            if seen_other:
+                out.append(f"[{i}] system message after a non-system message")
+        elif first_other is None:
+            first_other = m
+            seen_other = True
+            if not isinstance(m, HumanMessage):
+                out.append(f"[{i}] first message after the system messages is {m.type}, not human")
+        if isinstance(m, ToolMessage):
+            cid = m.tool_call_id
+            if cid not in turn_calls:
+                out.append(f"[{i}] tool result {cid!r} without its call just before")
+            elif cid in answered:
+                out.append(f"[{i}] tool result {cid!r} answers its call a second time")
+            else:
+                answered.add(cid)
+                open_calls.remove(cid)
+            continue
+        if open_calls:
+            out.append(f"[{i}] calls {open_calls} have no result before this {m.type} message")
+        open_calls, turn_calls, answered = [], set(), set()
+        if isinstance(m, AIMessage):
+            ids = _call_ids(m)
+            open_calls = list(ids)
+            turn_calls = set(ids)
+    if open_calls:
+        out.append(f"[end] calls {open_calls} have no result")
+    if first_other is None:
+        out.append("no message besides system messages")
+    return out
+
+
+def _anthropic_format(messages: Sequence[BaseMessage]) -> tuple[Any, list[dict[str, Any]]]:
+    from langchain_anthropic.chat_models import _format_messages
+
+    params = inspect.signature(_format_messages).parameters
+    if "model" in params:
+        return _format_messages(list(messages), model="claude-sonnet-4-5")
+    return _format_messages(list(messages))  # type: ignore[call-arg]  # older releases
+
+
+def anthropic_violations(messages: Sequence[BaseMessage]) -> list[str]:
+    """What Anthropic's Messages API would reject, from langchain-anthropic's own payload."""
+    try:
+        _system, formatted = _anthropic_format(messages)
+    except Exception as exc:  # the converter refusing is the finding
+        return [f"langchain-anthropic: {type(exc).__name__}: {exc}"]
+    out: list[str] = []
+    if not formatted:
+        return ["anthropic: no messages"]
+    if formatted[0]["role"] != "user":
+        out.append(f"anthropic: first message has role {formatted[0]['role']!r}")
+    previous_uses: list[str] = []
+    for i, message in enumerate(formatted):
+        content = message["content"]
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        if not content:
+            out.append(f"anthropic [{i}]: empty {message['role']} content")
+        kinds = [b.get("type") for b in blocks if isinstance(b, dict)]
+        results = [
+            b.get("tool_use_id")
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        ]
+        if message["role"] == "user":
+            stray = [r for r in results if r not in previous_uses]
+            if stray:
+                out.append(f"anthropic [{i}]: tool_result {stray} without tool_use just before")
+            missing = [u for u in previous_uses if u not in results]
+            if missing:
+                out.append(f"anthropic [{i}]: tool_use {missing} not answered in the next message")
+            if results and kinds[: len(results)] != ["tool_result"] * len(results):
+                out.append(f"anthropic [{i}]: tool_result blocks do not come first")
+            previous_uses = []
+        else:
+            if previous_uses:
+                out.append(f"anthropic [{i}]: tool_use {previous_uses} answered by no user message")
+            if results:
+                out.append(f"anthropic [{i}]: tool_result in an assistant message")
+            previous_uses = [
+                str(b.get("id"))
+                for b in blocks
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+    if previous_uses:
+        out.append(f"anthropic: tool_use {previous_uses} at the end, never answered")
+    return out
+
+
+def openai_violations(messages: Sequence[BaseMessage]) -> list[str]:
+    """What OpenAI's chat completions would reject, from langchain-openai's own dicts."""
+    from langchain_openai.chat_models.base import _convert_message_to_dict
+
+    try:
+        dicts = [_convert_message_to_dict(m) for m in messages]
+    except Exception as exc:  # the converter refusing is the finding
+        return [f"langchain-openai: {type(exc).__name__}: {exc}"]
+    out: list[str] = []
+    pending: list[str] = []
+    allowed: set[str] = set()
+    for i, d in enumerate(dicts):
+        role = d.get("role")
+        if role == "tool":
+            cid = d.get("tool_call_id")
+            if cid not in allowed:
+                out.append(
+                    f"openai [{i}]: tool message {cid!r} does not answer the preceding tool_calls"
+                )
+            else:
+                allowed.discard(cid)
+                pending.remove(cid)
+            continue
+        if pending:
+            out.append(
+                f"openai [{i}]: tool_calls {pending} not answered before this {role} message"
+            )
+        pending, allowed = [], set()
+        if role == "assistant" and d.get("tool_calls"):
+            pending = [c["id"] for c in d["tool_calls"]]
+            allowed = set(pending)
+    if pending:
+        out.append(f"openai: tool_calls {pending} at the end, never answered")
+    return out
+
+
+def violations(messages: Sequence[BaseMessage]) -> list[str]:
+    """Every violation of one request: the ordering rules and both providers' payloads."""
+    return [
+        *ordering_violations(messages),
+        *anthropic_violations(messages),
+        *openai_violations(messages),
+    ]
+
+
+def is_valid(messages: Sequence[BaseMessage]) -> bool:
+    """Whether both providers would accept ``messages`` (no violation at all)."""
+    return not violations(messages)
