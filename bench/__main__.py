@@ -9,7 +9,8 @@ Usage::
 
 Each section writes ``<out>/<section>.json`` and ``<out>/<section>.png``. Section 5 (the
 fleet) runs on Redis and Postgres too when ``DEMOTE_BENCH_REDIS_URL`` /
-``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only.
+``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only;
+section 7 (outages) needs them too (``python -m bench --sections outage``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench import (  # noqa: E402
     cache_cost,
     capture_scale,
     fleet,
+    outage,
     pg_archive,
     recall_locomo,
     turn_cost,
@@ -46,6 +48,7 @@ SECTIONS = {
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
+    "7": "outage",  # each store skipped, and says why, without its service
 }
 
 
@@ -86,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         elif name == "fleet":
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "outage":
+            print(outage.report(outage.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "pg_archive":
             payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
             print(pg_archive.report(payload))
