@@ -342,7 +342,8 @@ class DeliveryMixin:
         self._keeper.drop(lease)
         try:
             yield from self._store("release_lease", lease)
-        except Exception as exc:  # it expires on its own
+        except Exception as exc:  # it expires on its own, or the next load releases it
+            self._stranded[hold.conversation_id] = lease
             logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
 
     # -- the gate, and hook calls that outlive their wait --------------------------------------

@@ -468,12 +468,14 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         held = self._warnings.ready(source)
         if held is None:
             return
+        probe = f", next probe in {retry_in:.2g} s" if source == "state" else ""
+        more = f"; {held} more since the last warning" if held else ""
         logger.warning(
-            "demote: %s (conversation %r%s; %d more like it in the last %g s were not logged): %r",
+            "demote: %s (conversation %r%s%s; warned at most every %g s): %r",
             _DEGRADED_WHAT[source],
             cid,
-            f", next probe in {retry_in:.2g} s" if source == "state" else "",
-            held,
+            probe,
+            more,
             self._warnings.period,
             error,
         )
