@@ -131,7 +131,7 @@ class DeliveryMixin:
     _instance: str
     _holders: Any
     _breaker: Breaker
-    _stranded: dict[str, Lease]
+    _stranded: dict[str, Lease | str]
 
     def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
         """Call the state store: directly if it never blocks, else as a yielded op."""
@@ -169,17 +169,23 @@ class DeliveryMixin:
     def _unstrand(self, cid: str) -> Flow[None]:
         """Release a lease an earlier load could not, before taking a new one.
 
-        A load whose store failed while it held the lease leaves it to expire
+        A load whose store failed while it held the lease (or while it asked for one: the
+        server may have granted it and the reply been lost) leaves it to expire
         (``lease_ttl``); without this, the conversation would not be demoted again
         until then, although the store is back.
         """
         lease = self._stranded.pop(cid, None)
-        if lease is not None:
-            try:
+        if lease is None:
+            return
+        try:
+            if isinstance(lease, Lease):
                 yield from self._guarded("release_lease", lease)
-            except Exception:
-                self._stranded.setdefault(cid, lease)
-                raise
+            elif callable(getattr(self.state, "release_holder", None)):
+                # A grant whose reply was lost: only the holder name is known.
+                yield from self._guarded("release_holder", cid, lease)
+        except Exception:
+            self._stranded.setdefault(cid, lease)
+            raise
 
     def _deliverable(self, cid: str, work: Work) -> bool:
         """Are messages pending, and may the hook be called for them now?"""

@@ -255,7 +255,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
         self._degraded_since: float | None = None
         self._unsure: set[str] = set()  # delivered, but the commit failed
-        self._stranded: dict[str, Lease] = {}  # leases whose release may have failed
+        # Leases whose release may have failed, or holders whose grant was not heard of.
+        self._stranded: dict[str, Lease | str] = {}
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -394,9 +395,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             try:
                 if self._leasing and getattr(self.state, "shared", True):
                     yield from self._unstrand(cid)
-                    lease = yield from self._guarded(
-                        "acquire_lease", cid, hold.holder, self.lease_ttl
-                    )
+                    try:
+                        lease = yield from self._guarded(
+                            "acquire_lease", cid, hold.holder, self.lease_ttl
+                        )
+                    except Exception:  # granted, perhaps, and the reply lost
+                        self._stranded[cid] = hold.holder
+                        raise
                     if lease is None:  # another worker is delivering
                         self._unconfirmed(cid, work)
                         return self._window(cid, work), work

@@ -39,7 +39,7 @@ from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
 from demote.state._pg_sql import SCHEMA_VERSION, Sql
-from demote.state.base import Lease
+from demote.state.base import Lease, check_holder
 
 __all__ = ["PostgresStateStore"]
 
@@ -201,6 +201,26 @@ class PostgresStateStore(OpStore):
         cid = storable_id(lease.conversation_id)
         params = {"id": cid, "holder": lease.holder, "token": lease.token}
         return _op(self._sql.release, params, lambda rows: None)
+
+    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+        sql = (
+            f"DELETE FROM {self._sql.lease_table} WHERE conversation_id = %(id)s "
+            "AND holder = %(holder)s"
+        )
+        params = {"id": storable_id(conversation_id), "holder": check_holder(holder)}
+        return _op(sql, params, lambda rows: None)
+
+    def release_holder(self, conversation_id: str, holder: str) -> None:
+        """Give back the conversation's lease if ``holder`` holds it, whatever its token.
+
+        For a grant whose reply was lost (the connection dropped after the server took
+        the lease): the engine knows only the holder name it asked with.
+        """
+        self._run(self._release_holder_op(conversation_id, holder))
+
+    async def arelease_holder(self, conversation_id: str, holder: str) -> None:
+        """Async :meth:`release_holder`."""
+        await self._arun(self._release_holder_op(conversation_id, holder))
 
     def close(self) -> None:
         """Close the pools this store made (idempotent); async ones on their loops."""

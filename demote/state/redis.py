@@ -43,7 +43,7 @@ from demote.state._codec import check_ttl, decode_state, encode_state, storable_
 from demote.state._loops import PerLoop
 from demote.state._ops import Op, OpStore
 from demote.state._worker import Worker
-from demote.state.base import Lease, tombstone
+from demote.state.base import Lease, check_holder, tombstone
 
 __all__ = ["RedisStateStore"]
 
@@ -134,6 +134,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# KEYS: lease. ARGV: holder. Whatever the token (a grant whose reply was lost).
+_RELEASE_HOLDER = """
+local held = redis.call('GET', KEYS[1])
+if held and string.match(held, '^%d+:(.*)$') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 _SCRIPTS = {
     "acquire": _ACQUIRE,
     "cas": _CAS,
@@ -141,6 +148,7 @@ _SCRIPTS = {
     "delete": _DELETE,
     "renew": _RENEW,
     "release": _RELEASE,
+    "release_holder": _RELEASE_HOLDER,
 }
 
 # The tombstone's JSON around its generation: the clear script fills the number in, so
@@ -367,6 +375,22 @@ class RedisStateStore(OpStore):
     def _release_op(self, lease: Lease) -> Op[None]:
         key = self._key("lease", storable_id(lease.conversation_id))
         return _op("release", (key,), (_lease_value(lease),), lambda reply: None)
+
+    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+        key = self._key("lease", storable_id(conversation_id))
+        return _op("release_holder", (key,), (check_holder(holder),), lambda reply: None)
+
+    def release_holder(self, conversation_id: str, holder: str) -> None:
+        """Give back the conversation's lease if ``holder`` holds it, whatever its token.
+
+        For a grant whose reply was lost (the connection dropped after the server took
+        the lease): the engine knows only the holder name it asked with.
+        """
+        self._run(self._release_holder_op(conversation_id, holder))
+
+    async def arelease_holder(self, conversation_id: str, holder: str) -> None:
+        """Async :meth:`release_holder`."""
+        await self._arun(self._release_holder_op(conversation_id, holder))
 
     def _run(self, op: Op[T]) -> T:
         name, keys, args = op.request
