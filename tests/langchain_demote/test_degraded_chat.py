@@ -2,11 +2,12 @@
 
 ``RunnableWithMessageHistory`` chains over ``DemotingChatMessageHistory`` (a fake chat
 model, one Demoter shared by 16 threads) keep answering while the Redis or PostgreSQL state
-store is cut or black-holed through a TCP proxy: no exception reaches LangChain, no read of
-the window takes more than 1.5 s, the model is never sent more than the window's bound, the outage is
-reported as ``demote.degraded`` custom events in the turns' runs, and after the store is
-back nothing is lost and nothing was delivered twice. A capture that fails (a hung sink
-behind a full ``Recorder``) leaves the turn uncaptured and reported, never failed.
+store is cut or black-holed through a TCP proxy: no exception reaches LangChain, no read
+of the window takes more than 1.5 s, the model is never sent more than the window's
+bound, the outage is reported as ``demote.degraded`` custom events in the turns' runs,
+and after the store is back nothing is lost and nothing was delivered twice. A capture
+that fails (a hung sink behind a full ``Recorder``) leaves the turn uncaptured and
+reported, never failed.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_sixteen_chains_keep_answering_through_a_state_store_outage(
 ) -> None:
     proxy, store = outage_store
     sink = KeySink()
-    demoter = Demoter(SlidingWindow.last_messages(LIMIT), sink, state=store)
+    demoter = Demoter(SlidingWindow.last_messages(LIMIT), sink, state=store, hook_threads=THREADS)
     histories: dict[str, InMemoryChatMessageHistory] = {}
     handler = Degraded()
     errors: list[BaseException] = []

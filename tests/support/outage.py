@@ -83,6 +83,14 @@ class KeySink:
         with self.lock:
             return {k for k in keys if k in self.keys}
 
+    # Awaited on the async path (no I/O): no hook thread is taken, so 16 tasks catching up
+    # at once are not refused for want of threads (HookBusy, then retry backoff).
+    async def adeliver(self, batch: Demotion) -> None:
+        self.deliver(batch)
+
+    async def ahas_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        return self.has_keys(conversation_id, keys)
+
     def twice(self) -> list[str]:
         with self.lock:
             return [k for k, n in self.keys.items() if n > 1]
