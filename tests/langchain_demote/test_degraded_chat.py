@@ -7,28 +7,35 @@ of the window takes more than 1.5 s, the model is never sent more than the windo
 bound, the outage is reported as ``demote.degraded`` custom events in the turns' runs,
 and after the store is back nothing is lost and nothing was delivered twice. A capture
 that fails (a hung sink behind a full ``Recorder``) leaves the turn uncaptured and
-reported, never failed.
+reported, never failed, and an agent whose recall fails (a closed archive) answers without
+recall, reported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
+from langgraph.checkpoint.memory import InMemorySaver
 
 from demote import Demoter, Recorder, SlidingWindow
+from demote.hooks.archive import SQLiteArchive
 from demote.records import make_key
 from langchain_demote import DemotingChatMessageHistory, with_demotion
 from langchain_demote.messages import to_core
+from langchain_demote.middleware import DemotingMiddleware
 from tests.langchain_demote.support import RecordingChatModel
 from tests.support.outage import HOWS, KeySink, fault, proxied
 from tests.support.tcp_proxy import TcpProxy
@@ -184,3 +191,26 @@ def test_a_capture_that_fails_leaves_the_turn_uncaptured_and_reported() -> None:
     assert sources and set(sources) == {"capture"}
     assert "HookBusy" in handler.events[0][0]["error"]
     assert len(histories["s"].messages) == 8  # every turn is stored all the same
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_agent_whose_recall_fails_answers_without_recall(tmp_path: Path, mode: str) -> None:
+    archive = SQLiteArchive(tmp_path / "archive.db")
+    demoter = Demoter(SlidingWindow.last_messages(LIMIT), archive)
+    middleware = DemotingMiddleware(demoter=demoter, recall=archive)
+    agent = create_agent(
+        RecordingChatModel(), [], checkpointer=InMemorySaver(), middleware=[middleware]
+    )
+    handler = Degraded()
+    config: Any = {"configurable": {"thread_id": "t"}, "callbacks": [handler]}
+    archive.close()  # the long tail's backend is gone
+    for i in range(3):
+        turn = {"messages": [HumanMessage(f"question {i}")]}
+        if mode == "sync":
+            out = agent.invoke(turn, config)
+        else:
+            out = asyncio.run(agent.ainvoke(turn, config))
+        assert isinstance(out["messages"][-1], AIMessage)
+    assert len(handler.events) == 3
+    assert {d["source"] for d, _ in handler.events} == {"recall"}
+    assert "closed" in handler.events[0][0]["error"]
