@@ -324,7 +324,7 @@ async def test_async_loads_degrade_and_recover_the_same_way() -> None:
 
 def test_sixteen_threads_through_an_outage_every_load_returns_and_nothing_is_lost() -> None:
     store, sink = Switch(), KeySink()
-    d = make(store, sink)
+    d = make(store, sink, hook_threads=16)  # 16 chats may catch up at once
     errors: list[BaseException] = []
     degraded = Counter[str]()
     chats = {f"c{i}": history(2) for i in range(16)}
