@@ -9,7 +9,8 @@ Usage::
 
 Each section writes ``<out>/<section>.json`` and ``<out>/<section>.png``. Section 5 (the
 fleet) runs on Redis and Postgres too when ``DEMOTE_BENCH_REDIS_URL`` /
-``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only.
+``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only;
+section 8 (outages) needs them too (``python -m bench --sections outage``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench import (  # noqa: E402
     cache_cost,
     capture_scale,
     fleet,
+    outage,
     pg_archive,
     recall_locomo,
     turn_cost,
@@ -48,6 +50,7 @@ SECTIONS = {
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
     "7": "agents",
+    "8": "outage",  # each store skipped, and says why, without its service
 }
 
 
@@ -90,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "agents":
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "outage":
+            print(outage.report(outage.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "pg_archive":
             payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
             print(pg_archive.report(payload))

@@ -26,6 +26,7 @@ from demote.errors import (
     MessageTypeError,
     MissingExtraError,
     StoreError,
+    StoreUnavailable,
     SummarizerError,
     TranscriptError,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "SlidingWindow",
     "StateStore",
     "StoreError",
+    "StoreUnavailable",
     "SummarizerError",
     "TemplateSummarizer",
     "TranscriptError",

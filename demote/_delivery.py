@@ -26,6 +26,8 @@ from demote._flow import Deliver, Flow, HasKeys
 from demote._flow import store_call as _op
 from demote._runner import HookRunner, LeaseKeeper
 from demote._views import View, ViewCache
+from demote.breaker import Breaker, is_outage
+from demote.errors import StoreUnavailable
 from demote.events import DemoteEvent, Observers
 from demote.planner import Plan
 from demote.records import ConversationState, DemotedMessage, Demotion, make_key
@@ -81,6 +83,7 @@ class Tally:
         self.failures = 0
         self.summaries = 0
         self.resyncs = 0
+        self.degraded = 0
         self.last_error: tuple[str, float] | None = None
         self.errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.pending: OrderedDict[str, int] = OrderedDict()
@@ -127,12 +130,62 @@ class DeliveryMixin:
     _gates: dict[str, Hold]
     _instance: str
     _holders: Any
+    _breaker: Breaker
+    _stranded: dict[str, Lease | str]
 
     def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
         """Call the state store: directly if it never blocks, else as a yielded op."""
         if self._direct:
             return getattr(self.state, name)(*args, **kwargs)
         return (yield _op(self.state, name, *args, **kwargs))
+
+    def _guarded(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+        """A load's store call, through the store's breaker (see :mod:`demote.breaker`).
+
+        Raises the store's error, or :class:`~demote.errors.StoreUnavailable` without
+        calling it while the breaker is open (or another call is its probe).
+        """
+        breaker = self._breaker
+        ticket = breaker.admit()
+        if ticket is None:
+            raise StoreUnavailable(
+                f"state store skipped: it failed recently (next probe in "
+                f"{breaker.retry_in():.2g} s)"
+            )
+        try:
+            result = yield from self._store(name, *args, **kwargs)
+        except Exception as exc:
+            if is_outage(exc):
+                breaker.failed(ticket)
+            else:  # it answered, with something wrong for one conversation
+                breaker.succeeded(ticket)
+            raise
+        except BaseException:  # cancelled, or the flow was closed: no answer
+            breaker.abandon(ticket)
+            raise
+        breaker.succeeded(ticket)
+        return result
+
+    def _unstrand(self, cid: str) -> Flow[None]:
+        """Release a lease an earlier load could not, before taking a new one.
+
+        A load whose store failed while it held the lease (or while it asked for one: the
+        server may have granted it and the reply been lost) leaves it to expire
+        (``lease_ttl``); without this, the conversation would not be demoted again
+        until then, although the store is back.
+        """
+        lease = self._stranded.pop(cid, None)
+        if lease is None:
+            return
+        try:
+            if isinstance(lease, Lease):
+                yield from self._guarded("release_lease", lease)
+            elif callable(getattr(self.state, "release_holder", None)):
+                # A grant whose reply was lost: only the holder name is known.
+                yield from self._guarded("release_holder", cid, lease)
+        except Exception:
+            self._stranded.setdefault(cid, lease)
+            raise
 
     def _deliverable(self, cid: str, work: Work) -> bool:
         """Are messages pending, and may the hook be called for them now?"""
@@ -274,7 +327,7 @@ class DeliveryMixin:
                     cid, stored, new, **kwargs
                 )
         else:  # a lease fences it: clear and forget revoke it in the store
-            ok = yield from self._store("compare_and_set", cid, stored, new, **kwargs)
+            ok = yield from self._guarded("compare_and_set", cid, stored, new, **kwargs)
         if lease is not None and kwargs["release"]:
             hold.released = True
             self._keeper.drop(lease)
@@ -295,7 +348,8 @@ class DeliveryMixin:
         self._keeper.drop(lease)
         try:
             yield from self._store("release_lease", lease)
-        except Exception as exc:  # it expires on its own
+        except Exception as exc:  # it expires on its own, or the next load releases it
+            self._stranded[hold.conversation_id] = lease
             logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
 
     # -- the gate, and hook calls that outlive their wait --------------------------------------

@@ -13,6 +13,10 @@ connection of either, sync or async:
 - a pooled connection whose server went away (``pg_terminate_backend``, a restart, a cut
   proxy) is noticed before use without a round trip (its idle socket turned readable)
   and replaced, so the caller recovers with no process restart;
+- a pool built here gives up reconnecting in the background after ``timeout``
+  (psycopg_pool's ``reconnect_timeout``; its own backoff starts at 1 s and doubles, which
+  would hold a recovered server off for seconds) and grows again when the next caller
+  waits, so the first call after the server is back connects at once;
 - a connection that is not in autocommit mode is committed after the work.
 
 Every psycopg error (and ``OSError``) becomes a :class:`StoreError` at this boundary.
@@ -173,6 +177,7 @@ class Pools:
                     min_size=min_size,
                     max_size=max_size,
                     timeout=self.timeout,
+                    reconnect_timeout=self.timeout,
                     name=name,
                     open=True,
                 )
@@ -193,6 +198,7 @@ class Pools:
                 min_size=min_size,
                 max_size=max_size,
                 timeout=self.timeout,
+                reconnect_timeout=self.timeout,
                 name=f"{name}-async",
                 open=False,
             )

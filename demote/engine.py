@@ -43,6 +43,7 @@ a tombstone one generation on, so a delivery begun before it commits nothing aft
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import threading
@@ -61,9 +62,17 @@ from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
 from demote._views import View, ViewCache, snapshot_bounds, trail_at
+from demote.breaker import Throttle, breaker_of
 from demote.erase import EraseReport
 from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
-from demote.events import ConversationStats, DemoteEvent, DemoterStats, Observer, Observers
+from demote.events import (
+    ConversationStats,
+    DegradedSource,
+    DemoteEvent,
+    DemoterStats,
+    Observer,
+    Observers,
+)
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
 from demote.policy import Compact, SlidingWindow
@@ -75,7 +84,7 @@ from demote.records import (
     fingerprint,
 )
 from demote.retry import Backoff, RetryTracker
-from demote.state.base import StateStore, validate_conversation_id
+from demote.state.base import Lease, StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
 from demote.tokens import TokenCache
@@ -92,6 +101,16 @@ def render_summary(summary: str) -> str:
 
 
 logger = logging.getLogger("demote")
+
+#: Seconds between two warnings about one failing part (state store, recall, capture).
+DEGRADED_WARNING_PERIOD = 60.0
+
+_DEGRADED_WHAT = {
+    "state": "state store failed; windows are planned from the history alone and nothing "
+    "is delivered or committed until it answers",
+    "recall": "recall failed; windows go without recalled messages",
+    "capture": "capture failed; user turns are not captured",
+}
 
 T = TypeVar("T")
 
@@ -111,7 +130,13 @@ class Window(Generic[T]):
         pending: Messages that left the window but the hook has not accepted yet (they
             are retried with backoff; the inner store still has them).
         delivered: The hook's watermark: messages before it were accepted.
-        events: What this load did (demoted, delivered, failed, re-synced), oldest first.
+        events: What this load did (demoted, delivered, failed, re-synced, degraded),
+            oldest first.
+        degraded: The state store failed or was skipped (its breaker is open): the window
+            was planned without it (from the history alone when even the read failed:
+            the policy over a fresh state, pinned messages kept), and nothing was
+            delivered or committed. ``pending`` and ``delivered`` are then as planned,
+            not as committed. The next load after the store is back catches up.
     """
 
     conversation_id: str
@@ -124,6 +149,7 @@ class Window(Generic[T]):
     pending: int = 0
     delivered: int = 0
     events: tuple[DemoteEvent, ...] = ()
+    degraded: bool = False
 
     def __len__(self) -> int:
         return len(self.pinned) + len(self.messages)
@@ -175,6 +201,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             in several, each committed as it succeeds).
         hook_threads: Threads the engine keeps for sync hook calls with a timeout (or from
             async loads); with all of them busy, a delivery is refused and stays pending.
+        on_store_error: ``"degrade"`` (a load whose state store fails, times out, or is
+            skipped by its circuit breaker returns a *degraded* window, see
+            :attr:`Window.degraded`, reports a ``degraded`` event and logs a warning at
+            most once a minute) or ``"raise"`` (the store's
+            :class:`~demote.errors.StoreError` to the caller, as before; a store whose
+            breaker is open raises :class:`~demote.errors.StoreUnavailable` at once).
+            See :mod:`demote.breaker` for the breaker's timings.
     """
 
     def __init__(
@@ -191,11 +224,16 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         retry: Backoff | None = None,
         max_batch: int = 500,
         hook_threads: int = 8,
+        on_store_error: Literal["degrade", "raise"] = "degrade",
     ) -> None:
         if not isinstance(policy, SlidingWindow):
             raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
         if on_hook_error not in ("log", "raise"):
             raise ConfigError(f"on_hook_error: must be 'log' or 'raise', got {on_hook_error!r}")
+        if on_store_error not in ("degrade", "raise"):
+            raise ConfigError(
+                f"on_store_error: must be 'degrade' or 'raise', got {on_store_error!r:.40}"
+            )
         self.hook_timeout = (
             None if hook_timeout is None else seconds("hook_timeout", hook_timeout, optional=True)
         )
@@ -212,6 +250,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 raise ConfigError(f"state: {type(store).__name__} has no {method}() method")
         self.state: StateStore = store
         self.on_hook_error = on_hook_error
+        self.on_store_error = on_store_error
+        self._breaker = breaker_of(store)
+        self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
+        self._degraded_since: float | None = None
+        self._unsure: set[str] = set()  # delivered, but the commit failed
+        # Leases whose release may have failed, or holders whose grant was not heard of.
+        self._stranded: dict[str, Lease | str] = {}
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -309,14 +354,24 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         tally = self._tally
         with tally.lock:
             tally.loads += 1
-        stored = yield from self._store("get", cid)
+        try:
+            stored = yield from self._guarded("get", cid)
+        except Exception as exc:  # down, slow or skipped: plan from the history alone
+            if self.on_store_error == "raise":
+                raise
+            window = self._degraded(cid, self._from_history(cid, messages, describe), exc)
+            self._observers.publish(window.events)
+            return window
+        if self._degraded_since is not None:
+            self._recovered()
         work = self._prepare(cid, messages, describe, stored)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
         if done is not None and done.plan.compact is not None and self.summarizer is not None:
             yield from self._maybe_compact(cid, done)
-        tally.note_pending(cid, window.pending)
+        if not window.degraded:
+            tally.note_pending(cid, window.pending)
         if window.events:
             self._observers.publish(window.events)
         return window
@@ -335,23 +390,45 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         if hold is None:  # another caller of this process is delivering
             self._unconfirmed(cid, work)
             return self._window(cid, work), work
+        failure: Exception | None = None
         try:
-            if self._leasing and getattr(self.state, "shared", True):
-                lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
-                if lease is None:  # another worker is delivering
-                    self._unconfirmed(cid, work)
-                    return self._window(cid, work), work
-                hold.lease = lease
-                self._keeper.hold(lease)
-                if lease.state != stored:  # it moved on since we read it: plan again
-                    replanned = self._prepare(cid, work.messages, describe, lease.state)
-                    if isinstance(replanned, Window):
-                        yield from self._release(hold)
-                        return replanned, None
-                    work = replanned
-            committed, demoted, error = yield from self._settle(hold, work)
+            try:
+                if self._leasing and getattr(self.state, "shared", True):
+                    yield from self._unstrand(cid)
+                    try:
+                        lease = yield from self._guarded(
+                            "acquire_lease", cid, hold.holder, self.lease_ttl
+                        )
+                    except Exception:  # granted, perhaps, and the reply lost
+                        self._stranded[cid] = hold.holder
+                        raise
+                    if lease is None:  # another worker is delivering
+                        self._unconfirmed(cid, work)
+                        return self._window(cid, work), work
+                    hold.lease = lease
+                    self._keeper.hold(lease)
+                    if lease.state != stored:  # it moved on since we read it: plan again
+                        replanned = self._prepare(cid, work.messages, describe, lease.state)
+                        if isinstance(replanned, Window):
+                            yield from self._release(hold)
+                            return replanned, None
+                        work = replanned
+                if cid in self._unsure:  # delivered before, but that commit failed
+                    work.known = True
+                committed, demoted, error = yield from self._settle(hold, work)
+            except Exception as exc:  # the store failed mid-way (hook errors are settled)
+                if self.on_store_error == "raise":
+                    raise
+                failure = exc
+                if any(e.kind == "delivered" for e in work.events):
+                    self._unsure.add(cid)  # the next delivery asks what the hook holds
+                if hold.lease is not None and not hold.released:
+                    self._stranded[cid] = hold.lease
         finally:
             self._let_go(hold)
+        if failure is not None:
+            self._unconfirmed(cid, work)
+            return self._degraded(cid, self._window(cid, work), failure), None
         if committed is None:
             self._unconfirmed(cid, work)
         if error is not None and self.on_hook_error == "raise":
@@ -359,12 +436,89 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 raise error
             raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
         if committed is not None:
+            self._unsure.discard(cid)
             self._committed(cid, work, committed)
             if self._noop:  # it took what left the window at once
                 prev = work.stored or FRESH
                 before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
                 demoted = max(0, committed.delivered - before)
         return self._window(cid, work, committed, demoted), work
+
+    # -- degraded loads -----------------------------------------------------------------------
+
+    def _from_history(
+        self, cid: str, messages: Sequence[T], describe: Callable[[T], MessageRecord]
+    ) -> Window[T]:
+        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
+        view = self._views.records(cid, messages, 0, describe)
+        p = plan(self.policy, FRESH, view.records, base=0)
+        work = Work(messages, None, p, view, self._advance(FRESH, p, view), False, False)
+        return self._window(cid, work)
+
+    def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
+        """``window`` marked degraded, with its event; warned about once a period."""
+        retry_in = self._breaker.retry_in()
+        event = DemoteEvent.degraded(
+            cid, "state", error, start=window.start, end=window.total, retry_in=retry_in
+        )
+        with self._tally.lock:
+            self._tally.degraded += 1
+        if self._degraded_since is None:
+            self._degraded_since = time.monotonic()
+        self._warn("state", cid, error, retry_in)
+        events = (*window.events, event)
+        return dataclasses.replace(window, degraded=True, events=events)
+
+    def _warn(self, source: str, cid: str, error: BaseException, retry_in: float) -> None:
+        held = self._warnings.ready(source)
+        if held is None:
+            return
+        probe = f", next probe in {retry_in:.2g} s" if source == "state" else ""
+        more = f"; {held} more since the last warning" if held else ""
+        logger.warning(
+            "demote: %s (conversation %r%s%s; warned at most every %g s): %r",
+            _DEGRADED_WHAT[source],
+            cid,
+            probe,
+            more,
+            self._warnings.period,
+            error,
+        )
+
+    def _recovered(self) -> None:
+        since, self._degraded_since = self._degraded_since, None
+        if since is not None and self._warnings.quiet("state"):
+            logger.warning(
+                "demote: state store answers again after %.1f s; demotion resumes",
+                time.monotonic() - since,
+            )
+
+    def report_degraded(
+        self, conversation_id: str, source: DegradedSource, error: BaseException
+    ) -> DemoteEvent:
+        """Report a part of the memory layer that failed while the chat went on.
+
+        Adapters call it when recall or capture fails: the ``degraded`` event goes to the
+        observers (and is returned, for the framework's callbacks), and a warning is
+        logged at most once a minute per ``source``.
+
+        Args:
+            conversation_id: The conversation.
+            source: ``"recall"`` or ``"capture"`` (``"state"`` is the engine's own).
+            error: What failed.
+
+        Returns:
+            The event.
+
+        Raises:
+            ConfigError: ``source`` is not one of those.
+        """
+        if source not in ("state", "recall", "capture"):
+            raise ConfigError(f"source: must be 'state', 'recall' or 'capture', got {source!r:.40}")
+        event = DemoteEvent.degraded(conversation_id, source, error)
+        self._warn(source, conversation_id, error, 0.0)
+        self._observers.publish((event,))
+        return event
 
     def _committed(self, cid: str, work: Work, committed: ConversationState) -> None:
         """Events for a committed window move (and a committed re-sync)."""
@@ -700,6 +854,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 last_error_at=at,
                 summaries=tally.summaries,
                 resyncs=tally.resyncs,
+                degraded=tally.degraded,
             )
 
     def conversation_stats(self, conversation_id: str) -> ConversationStats:

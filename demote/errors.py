@@ -15,6 +15,7 @@ says the same thing, the error subclasses it too, so ``except ValueError`` keeps
     │   └── FencedOut                      a batch's fencing token predates its conversation's erase
     ├── SummarizerError                    a summarizer failed (``Compact`` strategy)
     ├── StoreError                         a state store, archive or outbox backend failed
+    │   └── StoreUnavailable               skipped: the store failed recently (circuit open)
     ├── EmbeddingError                     an embedding model failed or returned bad vectors
     │   └── EmbeddingModelChanged          an archive holds another model's vectors
     └── MissingExtraError(ImportError)     an optional extra is not installed
@@ -43,6 +44,7 @@ __all__ = [
     "MessageTypeError",
     "MissingExtraError",
     "StoreError",
+    "StoreUnavailable",
     "SummarizerError",
     "TranscriptError",
 ]
@@ -116,6 +118,15 @@ class SummarizerError(DemoteError):
 
 class StoreError(DemoteError):
     """A state store, archive or outbox backend failed."""
+
+
+class StoreUnavailable(StoreError):
+    """A store call was skipped: the store failed recently and its breaker is open.
+
+    Raised at once, without contacting the store, while :mod:`demote.breaker` waits for
+    the next probe; loads degrade on it (``on_store_error="degrade"``) like on any other
+    store failure.
+    """
 
 
 class EmbeddingError(DemoteError):

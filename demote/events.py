@@ -1,7 +1,8 @@
 """What the engine did, as small records: events, observers, and stats.
 
 Every load that moves the window, delivers a batch, fails to deliver, re-syncs a rewritten
-history, or commits a compaction produces one :class:`DemoteEvent` per thing it did. A
+history, commits a compaction, or goes on without its state store (``degraded``) produces
+one :class:`DemoteEvent` per thing it did. A
 load returns its own events with its window (:attr:`demote.Window.events`), so an adapter
 can report them inside the run that caused them (LangChain callbacks, LlamaIndex
 instrumentation); background work (a summary being written) reports only to observers.
@@ -24,7 +25,14 @@ from typing import Literal
 
 from demote.records import Recalled
 
-__all__ = ["ConversationStats", "DemoteEvent", "DemoterStats", "EventKind", "Observers"]
+__all__ = [
+    "ConversationStats",
+    "DegradedSource",
+    "DemoteEvent",
+    "DemoterStats",
+    "EventKind",
+    "Observers",
+]
 
 logger = logging.getLogger("demote")
 
@@ -37,7 +45,11 @@ EventKind = Literal[
     "compaction_committed",
     "compaction_failed",
     "recalled",
+    "degraded",
 ]
+
+#: What a ``degraded`` event names as the part of the memory layer that failed.
+DegradedSource = Literal["state", "recall", "capture"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +61,9 @@ class DemoteEvent:
             batch), ``delivery_failed`` (it did not: the messages stay pending),
             ``resynced`` (a rewritten history was planned afresh),
             ``compaction_started`` / ``compaction_committed`` / ``compaction_failed``
-            (a running summary), ``recalled`` (an adapter read the long tail back).
+            (a running summary), ``recalled`` (an adapter read the long tail back),
+            ``degraded`` (a state store, recall or capture failed or was skipped: the
+            chat went on without it; see ``source``).
         conversation_id: The conversation.
         start: First message index concerned (absolute).
         end: One past the last index concerned.
@@ -59,9 +73,14 @@ class DemoteEvent:
         tokens_after: Tokens in the window after it.
         duration: Seconds the hook, summarizer or recall took.
         error: The failure, as ``repr(exception)``.
-        retry_in: Seconds until the next delivery attempt (``delivery_failed``).
+        retry_in: Seconds until the next delivery attempt (``delivery_failed``), or
+            until the failed store is probed again (``degraded``).
         fence: The lease's fencing token the batch carried.
         at: Wall-clock time (``time.time()``) the event was made.
+        source: What failed, for ``degraded``: ``"state"`` (the state store: the window
+            was planned without it, nothing was delivered or committed), ``"recall"``
+            (the window went without recall) or ``"capture"`` (a user turn was not
+            captured).
     """
 
     kind: EventKind
@@ -77,6 +96,7 @@ class DemoteEvent:
     retry_in: float | None = None
     fence: int | None = None
     at: float = field(default_factory=time.time, compare=False)
+    source: DegradedSource | None = None
 
     def to_dict(self) -> dict[str, object]:
         """The event as plain JSON-ready data (for callbacks, logs, traces)."""
@@ -94,6 +114,7 @@ class DemoteEvent:
             "retry_in": self.retry_in,
             "fence": self.fence,
             "at": self.at,
+            "source": self.source,
         }
 
     @classmethod
@@ -118,6 +139,37 @@ class DemoteEvent:
             duration=duration,
         )
 
+    @classmethod
+    def degraded(
+        cls,
+        conversation_id: str,
+        source: DegradedSource,
+        error: BaseException,
+        *,
+        start: int = 0,
+        end: int = 0,
+        retry_in: float | None = None,
+    ) -> DemoteEvent:
+        """The ``degraded`` event of a load, recall or capture that went on without ``source``.
+
+        Args:
+            conversation_id: The conversation.
+            source: What failed: ``"state"``, ``"recall"`` or ``"capture"``.
+            error: The failure (recorded as its ``repr``).
+            start: The window's start (absolute), for ``"state"``.
+            end: The history's length, for ``"state"``.
+            retry_in: Seconds until the failed store is probed again, if known.
+        """
+        return cls(
+            "degraded",
+            conversation_id,
+            start,
+            end,
+            error=repr(error),
+            retry_in=retry_in,
+            source=source,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DemoterStats:
@@ -134,6 +186,7 @@ class DemoterStats:
         last_error_at: When it happened (``time.time()``).
         summaries: Compactions committed.
         resyncs: Rewritten histories re-synced.
+        degraded: Loads served without the state store (it failed or was skipped).
     """
 
     conversations: int
@@ -145,6 +198,7 @@ class DemoterStats:
     last_error_at: float | None
     summaries: int
     resyncs: int
+    degraded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

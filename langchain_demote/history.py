@@ -4,6 +4,9 @@ The inner ``BaseChatMessageHistory`` keeps the full history; this wrapper answer
 with the active window (pinned system messages, the running summary, the kept messages)
 from :meth:`demote.Demoter.load`, which demotes what fell out of it to the demoter's hook.
 Writes and clears go to the inner store (clearing resets the demotion state too).
+A state store that fails gives a degraded window (see :attr:`demote.Window.degraded`), a
+capture that fails leaves the turn uncaptured: either is reported as a ``degraded`` event,
+never raised into the chain.
 ``erase`` goes further: the conversation leaves the long tail as well (every tier behind
 the demoter's hook, and the capture), and by default the inner store (see
 :mod:`demote.erase`).
@@ -36,6 +39,7 @@ from demote._flow import Call, Flow, drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
+from demote.events import DemoteEvent
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
@@ -165,7 +169,9 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         if base is None and self._wants_capture(messages):
             base = len(self.inner.messages)
         self.inner.add_messages(messages)
-        self._after_add(messages, base)
+        failed = self._after_add(messages, base)
+        if failed:
+            dispatch_events(failed)
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Async :meth:`add_messages`: awaits the inner store's ``aadd_messages``."""
@@ -174,7 +180,9 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         if base is None and self._wants_capture(messages):
             base = len(await self.inner.aget_messages())
         await self.inner.aadd_messages(messages)
-        self._after_add(messages, base)
+        failed = self._after_add(messages, base)
+        if failed:
+            await adispatch_events(failed)
 
     def add_message(self, message: BaseMessage) -> None:
         """Append one message (see :meth:`add_messages`)."""
@@ -186,18 +194,27 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
     def _base(self, messages: Sequence[BaseMessage]) -> int | None:
         return self._length if self._wants_capture(messages) else None
 
-    def _after_add(self, messages: list[BaseMessage], base: int | None) -> None:
+    def _after_add(self, messages: list[BaseMessage], base: int | None) -> list[DemoteEvent]:
+        """Count the appended messages and capture the user turns.
+
+        Returns the ``degraded`` events of captures that failed (the messages are stored:
+        the chat goes on without them, reported, never raised).
+        """
         if self._length is not None:
             self._length += len(messages)
+        failed: list[DemoteEvent] = []
         if self.capture is None or base is None:
-            return
+            return failed
+        cid = self.conversation_id
         for i, message in enumerate(messages, base):
             if isinstance(message, HumanMessage):
                 record = self._describe(message)
-                key = make_key(self.conversation_id, i, record.fingerprint)
-                self.capture.capture(
-                    CapturedTurn(self.conversation_id, "user", message_text(message), i, key)
-                )
+                key = make_key(cid, i, record.fingerprint)
+                try:
+                    self.capture.capture(CapturedTurn(cid, "user", message_text(message), i, key))
+                except Exception as exc:
+                    failed.append(self.demoter.report_degraded(cid, "capture", exc))
+        return failed
 
     # -- clearing -----------------------------------------------------------------------
 

@@ -413,8 +413,8 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                     hits: list[Recalled] = yield Search(
                         self.recall, cid, query, self.recall_k, self.recall_budget_tokens
                     )
-                except Exception as exc:
-                    logger.warning("demote: recall failed for conversation %r: %r", cid, exc)
+                except Exception as exc:  # the window goes without recall, reported
+                    events.append(self.demoter.report_degraded(cid, "recall", exc))
                 else:
                     # Only the long tail: a message still in the window is sent anyway.
                     hits = [h for h in hits if h.index < window.start]

@@ -20,6 +20,7 @@ Each kind has its own class, all subclasses of :class:`DemotionEvent`:
 ``compaction_committed``   :class:`DemoteCompactionCommittedEvent`
 ``compaction_failed``      :class:`DemoteCompactionFailedEvent`
 ``recalled``               :class:`DemoteRecalledEvent`
+``degraded``               :class:`DemoteDegradedEvent`
 =========================  ==============================================
 
 Compactions run in the background, outside any read: they reach the Demoter's observers
@@ -46,6 +47,7 @@ __all__ = [
     "DemoteCompactionCommittedEvent",
     "DemoteCompactionFailedEvent",
     "DemoteCompactionStartedEvent",
+    "DemoteDegradedEvent",
     "DemoteDeliveredEvent",
     "DemoteDeliveryFailedEvent",
     "DemoteDemotedEvent",
@@ -78,6 +80,7 @@ class DemotionEvent(BaseEvent):
         retry_in: Seconds until the next delivery attempt (``delivery_failed``).
         fence: The lease's fencing token the batch carried.
         at: Wall-clock time (``time.time()``) demote made the event.
+        source: What failed, for ``degraded``: ``"state"``, ``"recall"`` or ``"capture"``.
     """
 
     kind: str
@@ -93,6 +96,7 @@ class DemotionEvent(BaseEvent):
     retry_in: float | None = None
     fence: int | None = None
     at: float = 0.0
+    source: str | None = None
 
     @classmethod
     def class_name(cls) -> str:
@@ -132,6 +136,10 @@ class DemoteRecalledEvent(DemotionEvent):
     """Recall placed archived messages in the prompt (count and keys, never the query)."""
 
 
+class DemoteDegradedEvent(DemotionEvent):
+    """The chat went on without a part of the memory layer that failed (see ``source``)."""
+
+
 _CLASSES: dict[str, type[DemotionEvent]] = {
     "demoted": DemoteDemotedEvent,
     "delivered": DemoteDeliveredEvent,
@@ -141,6 +149,7 @@ _CLASSES: dict[str, type[DemotionEvent]] = {
     "compaction_committed": DemoteCompactionCommittedEvent,
     "compaction_failed": DemoteCompactionFailedEvent,
     "recalled": DemoteRecalledEvent,
+    "degraded": DemoteDegradedEvent,
 }
 
 
@@ -161,6 +170,7 @@ def instrumentation_event(event: DemoteEvent) -> DemotionEvent:
         retry_in=event.retry_in,
         fence=event.fence,
         at=event.at,
+        source=event.source,
     )
 
 

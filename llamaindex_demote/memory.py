@@ -23,6 +23,11 @@ demoted, archived or captured again.
 tail keeps what it holds. ``erase`` also deletes the conversation from every tier behind
 the demoter's hook and from the capture (see :mod:`demote.erase`).
 
+A recall or capture that fails never fails the read or the write: the window goes without
+recall, the turn is not captured, and a ``degraded`` event says so (to the instrumentation
+and the demoter's observers, with a warning logged at most once a minute). A state store
+that fails gives a degraded window (see :attr:`demote.Window.degraded`).
+
 Sync and async share everything but the awaited calls: the async methods await the chat
 store's async methods, :meth:`~demote.Demoter.aload` and the recall's ``asearch`` (or run
 its ``search`` in a thread). LlamaIndex agents only call the async methods.
@@ -302,7 +307,10 @@ class DemotingMemory(BaseChatStoreMemory):
                 continue
             rec = parts.describe(message)
             key = make_key(cid, i, rec.fingerprint)
-            parts.capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
+            try:
+                parts.capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
+            except Exception as exc:  # the message is stored: the chat goes on without it
+                emit_events((parts.demoter.report_degraded(cid, "capture", exc),))
 
     @staticmethod
     def _check_initial(initial_token_count: int) -> None:
@@ -375,9 +383,12 @@ class DemotingMemory(BaseChatStoreMemory):
             return assemble(window)
         recall, query, at = ask
         began = time.perf_counter()
-        hits = recall.search(
-            self.chat_store_key, query, self._fetch_k(parts), **parts.search_options()
-        )
+        try:
+            hits = recall.search(
+                self.chat_store_key, query, self._fetch_k(parts), **parts.search_options()
+            )
+        except Exception as exc:
+            return self._without_recall(parts, window, exc)
         return parts.recalled(window, hits, at, time.perf_counter() - began)
 
     @dispatcher.span
@@ -392,12 +403,22 @@ class DemotingMemory(BaseChatStoreMemory):
         began = time.perf_counter()
         asearch = getattr(recall, "asearch", None)
         options = parts.search_options()
-        if asearch is not None:
-            hits = await asearch(cid, query, k, **options)
-        else:
-            search = functools.partial(recall.search, cid, query, k, **options)
-            hits = await asyncio.to_thread(search)
+        try:
+            if asearch is not None:
+                hits = await asearch(cid, query, k, **options)
+            else:
+                search = functools.partial(recall.search, cid, query, k, **options)
+                hits = await asyncio.to_thread(search)
+        except Exception as exc:
+            return self._without_recall(parts, window, exc)
         return parts.recalled(window, hits, at, time.perf_counter() - began)
+
+    def _without_recall(
+        self, parts: Parts, window: Window[ChatMessage], error: Exception
+    ) -> list[ChatMessage]:
+        """The window alone, when the recall failed: reported, never raised in the chat."""
+        emit_events((parts.demoter.report_degraded(self.chat_store_key, "recall", error),))
+        return assemble(window)
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""

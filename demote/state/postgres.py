@@ -20,7 +20,10 @@ archive):
   and the call fails with :class:`StoreError`;
 - a pooled connection whose server went away (``pg_terminate_backend``, a restart, a cut
   proxy) is noticed before use without a round trip (its idle socket turned readable)
-  and replaced, so the store recovers with no process restart.
+  and replaced, so the store recovers with no process restart;
+- a pool that cannot connect gives up its background retries within ``timeout`` and
+  connects again on the next call, instead of backing off for seconds: recovery follows
+  the engine's breaker, whose probes are at most 0.6 s apart.
 
 Every psycopg error becomes a :class:`StoreError` at this boundary.
 """
@@ -36,7 +39,7 @@ from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
 from demote.state._pg_sql import SCHEMA_VERSION, Sql
-from demote.state.base import Lease
+from demote.state.base import Lease, check_holder
 
 __all__ = ["PostgresStateStore"]
 
@@ -64,6 +67,9 @@ class PostgresStateStore(OpStore):
             underscores.
         timeout: Client-side deadline of one operation, in seconds: waiting for a pooled
             connection plus the round trip. Past it the call fails with StoreError.
+            Short by default: every operation is one single-row statement, and a load
+            whose store does not answer degrades (see :mod:`demote.breaker`), so the
+            slowest turn during an outage costs about this.
         connect_timeout: Seconds to establish a connection (libpq rounds up, minimum 2).
         statement_timeout: Server-side limit of one statement, in seconds.
         min_size: Connections each pool keeps open.
@@ -80,9 +86,9 @@ class PostgresStateStore(OpStore):
         pool: Any = None,
         async_pool: Any = None,
         table: str = "demote_state",
-        timeout: float = 10.0,
-        connect_timeout: float = 5.0,
-        statement_timeout: float = 5.0,
+        timeout: float = 0.5,
+        connect_timeout: float = 2.0,
+        statement_timeout: float = 0.5,
         min_size: int = 1,
         max_size: int = 10,
         keepalives_idle: int = 30,
@@ -195,6 +201,26 @@ class PostgresStateStore(OpStore):
         cid = storable_id(lease.conversation_id)
         params = {"id": cid, "holder": lease.holder, "token": lease.token}
         return _op(self._sql.release, params, lambda rows: None)
+
+    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+        sql = (
+            f"DELETE FROM {self._sql.lease_table} WHERE conversation_id = %(id)s "
+            "AND holder = %(holder)s"
+        )
+        params = {"id": storable_id(conversation_id), "holder": check_holder(holder)}
+        return _op(sql, params, lambda rows: None)
+
+    def release_holder(self, conversation_id: str, holder: str) -> None:
+        """Give back the conversation's lease if ``holder`` holds it, whatever its token.
+
+        For a grant whose reply was lost (the connection dropped after the server took
+        the lease): the engine knows only the holder name it asked with.
+        """
+        self._run(self._release_holder_op(conversation_id, holder))
+
+    async def arelease_holder(self, conversation_id: str, holder: str) -> None:
+        """Async :meth:`release_holder`."""
+        await self._arun(self._release_holder_op(conversation_id, holder))
 
     def close(self) -> None:
         """Close the pools this store made (idempotent); async ones on their loops."""

@@ -22,9 +22,11 @@ writing anything, so no lease is left behind). ``clear`` repairs it with a tombs
 generation restarts at 1 if the stored one is unreadable) and ``delete`` removes it, so a
 corrupt value never leaves a conversation stuck.
 
-Clients have explicit socket and connect timeouts, retry (bounded, with jittered
-exponential backoff) on connection errors, and health checks. A timeout is not retried:
-a black-holed server fails the call after ``socket_timeout``. Every redis error becomes a
+Clients have explicit socket and connect timeouts (0.5 s by default, so a call to a server
+that is down or black-holed fails well within a second and the engine's breaker takes
+over), retry (bounded, with jittered exponential backoff under 100 ms) on connection
+errors, and health checks. A timeout is not retried: a black-holed server fails the call
+after ``socket_timeout``. Every redis error becomes a
 :class:`StoreError` at this boundary.
 """
 
@@ -41,7 +43,7 @@ from demote.state._codec import check_ttl, decode_state, encode_state, storable_
 from demote.state._loops import PerLoop
 from demote.state._ops import Op, OpStore
 from demote.state._worker import Worker
-from demote.state.base import Lease, tombstone
+from demote.state.base import Lease, check_holder, tombstone
 
 __all__ = ["RedisStateStore"]
 
@@ -132,6 +134,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# KEYS: lease. ARGV: holder. Whatever the token (a grant whose reply was lost).
+_RELEASE_HOLDER = """
+local held = redis.call('GET', KEYS[1])
+if held and string.match(held, '^%d+:(.*)$') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 _SCRIPTS = {
     "acquire": _ACQUIRE,
     "cas": _CAS,
@@ -139,6 +148,7 @@ _SCRIPTS = {
     "delete": _DELETE,
     "renew": _RENEW,
     "release": _RELEASE,
+    "release_holder": _RELEASE_HOLDER,
 }
 
 # The tombstone's JSON around its generation: the clear script fills the number in, so
@@ -204,10 +214,14 @@ class RedisStateStore(OpStore):
             used as is. Without it (and without ``url``) the async twins run the sync
             client on the store's own threads.
         prefix: Prefix of every key this store writes.
-        socket_timeout: Seconds to wait for a reply before the call fails.
+        socket_timeout: Seconds to wait for a reply before the call fails. Short by
+            default: every operation is one small command or script, and a load whose
+            store does not answer degrades (see :mod:`demote.breaker`), so the slowest
+            turn during an outage costs about this.
         socket_connect_timeout: Seconds to wait for a connection.
         retries: How many times a call is retried after a connection error (backoff
-            from 50 ms, capped at 1 s, jittered). Timeouts are not retried.
+            from 25 ms, capped at 100 ms, jittered), so a cut connection is replaced
+            within the call. Timeouts are not retried.
         health_check_interval: A connection idle this many seconds is pinged before use.
         max_connections: Size of each client's connection pool.
     """
@@ -219,9 +233,9 @@ class RedisStateStore(OpStore):
         client: Any = None,
         async_client: Any = None,
         prefix: str = "demote:",
-        socket_timeout: float = 2.0,
-        socket_connect_timeout: float = 2.0,
-        retries: int = 3,
+        socket_timeout: float = 0.5,
+        socket_connect_timeout: float = 0.5,
+        retries: int = 2,
         health_check_interval: float = 15.0,
         max_connections: int = 50,
     ) -> None:
@@ -264,7 +278,7 @@ class RedisStateStore(OpStore):
             options["driver_info"] = driver_info(name="redis-py", lib_version=redis.__version__)
 
         def retry(module: Any) -> Any:
-            backoff = redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+            backoff = redis.backoff.ExponentialWithJitterBackoff(base=0.025, cap=0.1)
             return module.Retry(backoff, retries, (redis.ConnectionError,))
 
         with self._translated("cannot reach redis"):
@@ -361,6 +375,22 @@ class RedisStateStore(OpStore):
     def _release_op(self, lease: Lease) -> Op[None]:
         key = self._key("lease", storable_id(lease.conversation_id))
         return _op("release", (key,), (_lease_value(lease),), lambda reply: None)
+
+    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+        key = self._key("lease", storable_id(conversation_id))
+        return _op("release_holder", (key,), (check_holder(holder),), lambda reply: None)
+
+    def release_holder(self, conversation_id: str, holder: str) -> None:
+        """Give back the conversation's lease if ``holder`` holds it, whatever its token.
+
+        For a grant whose reply was lost (the connection dropped after the server took
+        the lease): the engine knows only the holder name it asked with.
+        """
+        self._run(self._release_holder_op(conversation_id, holder))
+
+    async def arelease_holder(self, conversation_id: str, holder: str) -> None:
+        """Async :meth:`release_holder`."""
+        await self._arun(self._release_holder_op(conversation_id, holder))
 
     def _run(self, op: Op[T]) -> T:
         name, keys, args = op.request

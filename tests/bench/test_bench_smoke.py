@@ -31,6 +31,7 @@ def test_quick_bench_writes_every_section(
     assert "## 2. Prompt-cache cost" in printed
     assert "## 4. Capture and scale" in printed
     assert "## 5. Fleet" in printed
+    assert "## 8. Outage" in printed  # each store skipped, saying why, without its service
     assert "Timing:" in printed
 
     turn = json.loads((tmp_path / "turn_cost.json").read_text())

@@ -5,7 +5,9 @@
 restarted server or a dropped NAT entry would. ``blackhole()`` stops forwarding without
 closing anything: connections stay open and acknowledged, requests go unanswered, new
 connections are accepted and never forwarded, as behind a stalled load balancer.
-``restore()`` forwards new connections again (black-holed ones stay dead: cut them).
+``down()`` cuts everything and refuses new connections (accepted, then closed at once),
+as a stopped server would. ``restore()`` forwards new connections again (black-holed
+ones stay dead: cut them).
 One thread, ``selectors``; every wait is bounded.
 """
 
@@ -35,6 +37,7 @@ class TcpProxy:
         self._held: list[socket.socket] = []  # accepted while black-holed, never forwarded
         self._lock = threading.Lock()
         self._blackholed = False
+        self._refusing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tcp-proxy", daemon=True)
         self.accepted = 0
@@ -66,6 +69,11 @@ class TcpProxy:
         except BlockingIOError:
             return
         self.accepted += 1
+        if self._refusing:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
+            client.close()
+            return
         if self._blackholed:
             self._held.append(client)
             return
@@ -123,10 +131,17 @@ class TcpProxy:
                 with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(sock)
 
+    def down(self) -> None:
+        """Cut every connection and refuse new ones until :meth:`restore`."""
+        with self._lock:
+            self._refusing = True
+        self.cut()
+
     def restore(self) -> None:
         """Forward again (connections black-holed meanwhile are cut)."""
         with self._lock:
             self._blackholed = False
+            self._refusing = False
         self.cut()
 
     def close(self) -> None:

@@ -1,0 +1,96 @@
+"""State stores behind a TCP proxy, for outage tests: open one, take it away, give it back.
+
+``proxied(kind, url)`` opens a Redis or PostgreSQL state store with its *default* settings
+(timeouts, retries) whose every connection goes through a :class:`TcpProxy`, under a fresh
+key prefix or table, and returns it with the proxy and a cleanup. ``fault(proxy, how)``
+takes the store away: ``"cut"`` (connections closed, new ones refused) or ``"blackhole"``
+(nothing answered). :class:`KeySink` is a hook that counts every key it is handed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from demote.records import Demotion
+from tests.support.tcp_proxy import TcpProxy
+
+__all__ = ["HOWS", "KeySink", "fault", "proxied"]
+
+HOWS = ["cut", "blackhole"]
+
+
+def proxied(kind: str, url: str) -> tuple[TcpProxy, Any, Callable[[], None]]:
+    """A default-settings state store of ``kind`` through a new proxy, and its cleanup."""
+    parts = urlsplit(url)
+    proxy = TcpProxy(parts.port or (6379 if kind == "redis" else 5432)).start()
+    netloc = parts.netloc.rsplit("@", 1)
+    auth = f"{netloc[0]}@" if len(netloc) == 2 else ""
+    via = f"{parts.scheme}://{auth}127.0.0.1:{proxy.port}{parts.path}"
+    store: Any
+    if kind == "redis":
+        from demote.state import RedisStateStore
+
+        store = RedisStateStore(via, prefix=f"outage{uuid.uuid4().hex[:8]}:")
+
+        def drop() -> None:
+            pass  # the redis_url fixture flushes the test database
+    else:
+        from demote.state import PostgresStateStore
+        from tests.demote.state.conftest import drop_pg_tables
+
+        table = f"outage_{uuid.uuid4().hex[:12]}"
+        store = PostgresStateStore(via, table=table)
+
+        def drop() -> None:
+            drop_pg_tables(url, table)
+
+    def cleanup() -> None:
+        proxy.restore()
+        try:
+            store.close()
+        finally:
+            proxy.close()
+            drop()
+
+    return proxy, store, cleanup
+
+
+def fault(proxy: TcpProxy, how: str) -> None:
+    """Take the store away: ``cut`` (stopped server) or ``blackhole`` (frozen one)."""
+    if how == "cut":
+        proxy.down()
+    else:
+        proxy.blackhole()
+
+
+class KeySink:
+    """A key-aware hook that counts every key it is handed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.keys: Counter[str] = Counter()
+
+    def deliver(self, batch: Demotion) -> None:
+        with self.lock:
+            self.keys.update(m.key for m in batch.messages)
+
+    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        with self.lock:
+            return {k for k in keys if k in self.keys}
+
+    # Awaited on the async path (no I/O): no hook thread is taken, so 16 tasks catching up
+    # at once are not refused for want of threads (HookBusy, then retry backoff).
+    async def adeliver(self, batch: Demotion) -> None:
+        self.deliver(batch)
+
+    async def ahas_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
+        return self.has_keys(conversation_id, keys)
+
+    def twice(self) -> list[str]:
+        with self.lock:
+            return [k for k, n in self.keys.items() if n > 1]
