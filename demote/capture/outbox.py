@@ -206,7 +206,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         self._init_checkpoints()
         self.read_only = read_only
         with _translated(self.path, "open"):
-            self._db = connect(self.path, self.timeout, read_only=read_only)
+            self._db = connect(self.path, self.timeout, read_only=read_only, kind=OUTBOX)
         try:
             with _translated(self.path, "open", self.timeout):
                 # Whose file it is comes first: switching a foreign file to WAL writes to it.
