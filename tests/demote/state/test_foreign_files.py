@@ -202,3 +202,24 @@ def test_redis_refuses_a_key_of_another_type_at_the_state_prefix(redis_url: str)
         for k in client.scan_iter(f"{prefix}*"):
             client.delete(k)
         client.close()
+
+
+def test_the_postgres_archive_refuses_a_table_of_another_program(postgres_url: str) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    from demote import PostgresArchive
+
+    table = f"sinkwait_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id TEXT PRIMARY KEY, body TEXT)")
+        conn.execute(f"INSERT INTO {table} VALUES ('x', 'theirs')")
+        try:
+            with pytest.raises(StoreError, match=table):
+                PostgresArchive(postgres_url, table=table).close()
+            assert conn.execute(f"SELECT * FROM {table}").fetchall() == [("x", "theirs")]
+            made = conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE %s",
+                (f"{table}_%",),
+            ).fetchone()
+            assert made == (0,), "no archive table was created beside it"
+        finally:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
