@@ -9,6 +9,10 @@ else is shared. Cancelling an async driver closes the flow, so its ``finally`` b
 Every I/O of a load is an operation here: the state store's reads, leases and commits
 (:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
 summary. So the async path awaits the stores' async twins and never blocks the loop.
+
+:class:`Deliver` waits for the hook at most ``hook_wait``; a call that outlives it comes
+back as a :class:`Running` call, which a background flow (:class:`Spawn`) follows to its
+end with :class:`Outcome`: a runner thread's future from a thread, a task on its loop.
 """
 
 from __future__ import annotations
