@@ -5,29 +5,34 @@ it lives here so the engine module stays readable. Everything is a generator of 
 operations in :mod:`demote._flow`, shared by the sync and async drivers.
 
 A *hold* is a conversation's in-process gate, and its store lease once taken. Only its
-owner delivers and commits. A sync hook call that outlives its wait (``hook_timeout``, or
-an async load cancelled meanwhile) is *adopted*: the hold stays taken, gate and lease
-(renewed by the keeper), until the call ends; a late success then moves the watermark
-if it still stands where the call began.
+owner delivers and commits. A load waits for the hook at most ``hook_wait`` (and never
+past ``hook_timeout``). A call that outlives that wait is *detached*: the load commits the
+window move (the watermark stays before the batch) and returns, and a background flow (a
+thread for sync loads, a task for async ones) takes the hold over, gate and lease (renewed
+by the keeper), until the call ends. A success then commits the batch's watermark with the
+same fenced compare-and-set, if the watermark still stands where the call began, so the
+messages are not handed over again; a failure (or ``hook_timeout`` running out) leaves
+them pending with backoff. A sync call interrupted by a cancelled async load is adopted
+the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from demote._flow import Deliver, Flow, HasKeys
+from demote._flow import Deliver, Flow, HasKeys, Outcome, Running, Spawn, drive_async
 from demote._flow import store_call as _op
 from demote._runner import HookRunner, LeaseKeeper
 from demote._views import View, ViewCache
 from demote.breaker import Breaker, is_outage
-from demote.errors import StoreUnavailable
+from demote.errors import HookTimeout, StoreUnavailable
 from demote.events import DemoteEvent, Observers
 from demote.planner import Plan
 from demote.records import ConversationState, DemotedMessage, Demotion, make_key
@@ -69,8 +74,22 @@ class Hold:
     holder: str
     lease: Lease | None = None
     released: bool = False  # the lease was given back (or committed with release)
-    orphan: Future[Any] | None = None  # a hook call that outlived its wait
-    batch: tuple[int, int, int] | None = None  # (lo, hi, generation) being delivered
+    detached: Detached | None = None  # a hook call that outlived its load's wait
+    adopted: bool = False  # a background flow owns the hold until that call ends
+
+
+@dataclass(slots=True)
+class Detached:
+    """A batch whose hook call goes on after its load stopped waiting for it."""
+
+    running: Running | None  # set when the call outlives the wait
+    batch: Demotion
+    lo: int
+    hi: int
+    generation: int
+    sent: list[tuple[int, str]] | None  # (index, fingerprint) to mark sent on success
+    pending: int  # messages pending when the call began (for the log)
+    began: float  # time.perf_counter() at the call's start
 
 
 class Tally:
@@ -116,6 +135,7 @@ class DeliveryMixin:
     state: StateStore
     hook: object
     hook_timeout: float | None
+    hook_wait: float | None
     lease_ttl: float
     max_batch: int
     _direct: bool
@@ -128,6 +148,8 @@ class DeliveryMixin:
     _tally: Tally
     _lock: threading.Lock
     _gates: dict[str, Hold]
+    _background: set[Any]
+    _background_lock: threading.Lock
     _instance: str
     _holders: Any
     _breaker: Breaker
@@ -210,17 +232,35 @@ class DeliveryMixin:
                 hi = min(end, delivered + self.max_batch)
                 batch = yield from self._batch(hold, work, delivered, hi)
                 if batch.messages:
-                    hold.batch = (delivered, hi, target.generation)
                     began = time.perf_counter()
+                    sent = self._sent(work, batch)
+                    n, lo = end - delivered, delivered
+                    detach = self._detacher(
+                        hold, Detached(None, batch, lo, hi, target.generation, sent, n, began)
+                    )
                     try:
-                        yield Deliver(
-                            self.hook, batch, self.hook_timeout, self._runner, self._adopter(hold)
+                        running = yield Deliver(
+                            self.hook,
+                            batch,
+                            self.hook_wait,
+                            self.hook_timeout,
+                            self._runner,
+                            detach,
                         )
                     except Exception as exc:
                         error = exc
-                        self._failed(work, batch, delivered, hi, exc, time.perf_counter() - began)
+                        self._failed(
+                            work.events, batch, lo, hi, n, exc, time.perf_counter() - began
+                        )
                         break
-                    self._accepted(work, batch, delivered, hi, time.perf_counter() - began)
+                    if running is not None:  # it goes on in the background (see the module doc)
+                        detach(running)
+                        if running.timed_out:
+                            error = HookTimeout(f"hook did not finish within {self.hook_timeout} s")
+                            took = time.perf_counter() - began
+                            self._failed(work.events, batch, lo, hi, n, error, took)
+                        break
+                    self._accepted(work.events, batch, lo, hi, sent, time.perf_counter() - began)
                     demoted += len(batch.messages)
                 delivered = hi
                 if delivered < end:  # a backlog: make each batch's progress durable
@@ -228,14 +268,24 @@ class DeliveryMixin:
                     if not (yield from self._commit(hold, stored, step, release=False)):
                         return None, demoted, None
                     stored = step
-            if error is None:
+            if error is None and hold.detached is None:
                 self._retry.succeeded(cid)
         final = target if delivered == target.delivered else replace(target, delivered=delivered)
+        committed: ConversationState | None
         if final == (stored or FRESH):
             yield from self._release(hold)
-            return stored or FRESH, demoted, error
-        ok = yield from self._commit(hold, stored, final, release=True)
-        return (final if ok else None), demoted, error
+            committed = stored or FRESH
+        else:
+            ok = yield from self._commit(hold, stored, final, release=True)
+            committed = final if ok else None
+        if hold.detached is not None:  # the background flow takes the hold over
+            hold.adopted = True
+            try:
+                yield Spawn(self._late(hold), self._background, self._background_lock)
+            except Exception:
+                hold.adopted = False  # _let_go adopts it another way
+                raise
+        return committed, demoted, error
 
     def _batch(self, hold: Hold, work: Work, lo: int, hi: int) -> Flow[Demotion]:
         """The messages ``[lo, hi)`` as one batch, less what the hook already holds."""
@@ -258,16 +308,28 @@ class DeliveryMixin:
         fence = hold.lease.token if hold.lease is not None else None
         return Demotion(cid, tuple(out), fence)
 
-    def _accepted(self, work: Work, batch: Demotion, lo: int, hi: int, took: float) -> None:
+    def _sent(self, work: Work, batch: Demotion) -> list[tuple[int, str]] | None:
+        """What to mark sent once the hook accepts ``batch`` (``None``: a key-aware hook)."""
+        if self._probe:  # a key-aware hook answers for itself after a re-sync
+            return None
+        records, base = work.view.records, work.view.base
+        return [(m.index, records[m.index - base].fingerprint) for m in batch.messages]
+
+    def _accepted(
+        self,
+        events: list[DemoteEvent],
+        batch: Demotion,
+        lo: int,
+        hi: int,
+        sent: list[tuple[int, str]] | None,
+        took: float,
+    ) -> None:
         cid = batch.conversation_id
-        if not self._probe:  # a key-aware hook answers for itself after a re-sync
-            records, base = work.view.records, work.view.base
-            self._views.mark_sent(
-                cid, [(m.index, records[m.index - base].fingerprint) for m in batch.messages]
-            )
+        if sent is not None:
+            self._views.mark_sent(cid, sent)
         with self._tally.lock:
             self._tally.delivered += len(batch.messages)
-        work.events.append(
+        events.append(
             DemoteEvent(
                 "delivered",
                 cid,
@@ -281,7 +343,14 @@ class DeliveryMixin:
         )
 
     def _failed(
-        self, work: Work, batch: Demotion, lo: int, hi: int, exc: Exception, took: float
+        self,
+        events: list[DemoteEvent],
+        batch: Demotion,
+        lo: int,
+        hi: int,
+        pending: int,
+        exc: Exception,
+        took: float,
     ) -> None:
         cid = batch.conversation_id
         wait = self._retry.failed(cid)
@@ -290,11 +359,11 @@ class DeliveryMixin:
             "demote: hook failed for conversation %r (%d messages pending, next attempt in "
             "%.3g s): %r",
             cid,
-            work.target.window_start - lo,
+            pending,
             wait,
             exc,
         )
-        work.events.append(
+        events.append(
             DemoteEvent(
                 "delivery_failed",
                 cid,
@@ -316,7 +385,7 @@ class DeliveryMixin:
         lease = hold.lease
         kwargs: dict[str, Any] = {}
         if lease is not None:
-            release = release and hold.orphan is None  # a running call keeps it
+            release = release and hold.detached is None  # a running call keeps it
             kwargs = {"lease": lease, "release": release}
         cid = hold.conversation_id
         if self._direct:
@@ -342,7 +411,7 @@ class DeliveryMixin:
     def _release(self, hold: Hold) -> Flow[None]:
         """Give the lease back now (unless a running hook call still needs it)."""
         lease = hold.lease
-        if lease is None or hold.released or hold.orphan is not None:
+        if lease is None or hold.released or hold.detached is not None:
             return
         hold.released = True
         self._keeper.drop(lease)
@@ -381,8 +450,14 @@ class DeliveryMixin:
 
     def _let_go(self, hold: Hold) -> None:
         """Free the gate when a flow ends; a lease still held is released too."""
-        if hold.orphan is not None:
-            return  # the running call lets go when it ends
+        if hold.adopted:
+            return  # the background flow lets go when the running call ends
+        if hold.detached is not None:  # the flow ended (cancelled, failed) before handing over
+            self._adopt(hold)
+            return
+        self._free(hold)
+
+    def _free(self, hold: Hold) -> None:
         lease = hold.lease
         if lease is not None and not hold.released:  # the flow failed or was cancelled
             hold.released = True
@@ -395,42 +470,94 @@ class DeliveryMixin:
             if self._gates.get(hold.conversation_id) is hold:
                 del self._gates[hold.conversation_id]
 
-    def _adopter(self, hold: Hold) -> Callable[[Future[Any]], None]:
-        def adopt(future: Future[Any]) -> None:
-            hold.orphan = future
-            future.add_done_callback(lambda f: self._orphan_done(hold, f))
+    @staticmethod
+    def _detacher(hold: Hold, detached: Detached) -> Callable[[Running], None]:
+        """What marks the hold's call as running on past its load's wait."""
 
-        return adopt
+        def detach(running: Running) -> None:
+            detached.running = running
+            hold.detached = detached
 
-    def _orphan_done(self, hold: Hold, future: Future[Any]) -> None:
-        """A hook call that outlived its wait ended: count a late success, let go.
+        return detach
 
-        Runs on the hook's thread. The watermark moves only if it still stands where the
-        call began (same generation, nothing delivered since).
-        """
-        cid, lease = hold.conversation_id, hold.lease
+    def _adopt(self, hold: Hold) -> None:
+        """Start the background flow of a detached call from outside a flow."""
+        detached = hold.detached
+        assert detached is not None and detached.running is not None
+        hold.adopted = True
+        call = detached.running.call
         try:
-            if hold.batch is not None and not future.cancelled() and future.exception() is None:
-                lo, hi, generation = hold.batch
-                current = self.state.get(cid)
-                if (
-                    current is not None
-                    and current.generation == generation
-                    and current.delivered == lo
-                    and current.window_start >= hi
-                ):
-                    kwargs: dict[str, Any] = {} if lease is None else {"lease": lease}
-                    late = replace(current, delivered=hi)
-                    if self.state.compare_and_set(cid, current, late, **kwargs):
-                        self._retry.succeeded(cid)
-                        with self._tally.lock:
-                            self._tally.delivered += hi - lo
+            if isinstance(call, asyncio.Future):  # we are on its loop (the flow's finally)
+                task = call.get_loop().create_task(drive_async(self._late(hold)))
+                with self._background_lock:
+                    self._background.add(task)
+                task.add_done_callback(self._background_done)
+            else:
+                Spawn(self._late(hold), self._background, self._background_lock).run_sync()
+        except Exception as exc:  # no thread or task to be had: do not keep it busy forever
+            logger.warning("demote: cannot follow a running hook call of %r: %r", hold, exc)
+            hold.detached = None
+            self._free(hold)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        with self._background_lock:
+            self._background.discard(task)
+
+    def _late(self, hold: Hold) -> Flow[None]:
+        """Wait for a detached call to end, commit its batch if it succeeded, let go.
+
+        ``hook_timeout`` bounds the wait for a sync call: once it runs out, the failure is
+        recorded (backoff, event), and the call, which cannot be stopped, keeps the
+        conversation busy until it ends; a late success still moves the watermark.
+        """
+        detached = hold.detached
+        assert detached is not None and detached.running is not None
+        events: list[DemoteEvent] = []
+        running, batch = detached.running, detached.batch
+        failed = running.timed_out
+        try:
+            try:
+                ended = yield Outcome(running, None if failed else running.deadline)
+                if not ended:  # hook_timeout ran out; the call goes on and may still succeed
+                    failed = True
+                    error = HookTimeout(f"hook did not finish within {self.hook_timeout} s")
+                    self._late_failed(events, detached, error)
+                    yield Outcome(running, None)
+            except Exception as exc:
+                hold.detached = None
+                if not failed:
+                    self._late_failed(events, detached, exc)
+                yield from self._release(hold)
+                return
+            hold.detached = None  # the call ended: commit and release as usual
+            yield from self._late_commit(hold, detached, events)
         except Exception as exc:
-            logger.warning("demote: recording a late delivery for %r failed: %r", cid, exc)
+            logger.warning(
+                "demote: recording a late delivery for %r failed: %r", batch.conversation_id, exc
+            )
         finally:
-            if lease is not None and not hold.released:
-                hold.released = True
-                self._keeper.release_later(lease)
-            with self._lock:
-                if self._gates.get(cid) is hold:
-                    del self._gates[cid]
+            hold.detached = None
+            self._free(hold)
+            self._observers.publish(events)
+
+    def _late_failed(self, events: list[DemoteEvent], d: Detached, exc: Exception) -> None:
+        took = time.perf_counter() - d.began
+        self._failed(events, d.batch, d.lo, d.hi, d.pending, exc, took)
+
+    def _late_commit(self, hold: Hold, d: Detached, events: list[DemoteEvent]) -> Flow[None]:
+        """The watermark past a batch accepted late, if it still stands where it began."""
+        cid = hold.conversation_id
+        current = yield from self._store("get", cid)
+        if (
+            current is not None
+            and current.generation == d.generation
+            and current.delivered == d.lo
+            and current.window_start >= d.hi
+        ):
+            late = replace(current, delivered=d.hi)
+            if (yield from self._commit(hold, current, late, release=True)):
+                self._retry.succeeded(cid)
+                self._accepted(events, d.batch, d.lo, d.hi, d.sent, time.perf_counter() - d.began)
+                self._tally.note_pending(cid, max(0, late.window_start - late.delivered))
+                return
+        yield from self._release(hold)

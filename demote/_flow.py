@@ -9,6 +9,10 @@ else is shared. Cancelling an async driver closes the flow, so its ``finally`` b
 Every I/O of a load is an operation here: the state store's reads, leases and commits
 (:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
 summary. So the async path awaits the stores' async twins and never blocks the loop.
+
+:class:`Deliver` waits for the hook at most ``hook_wait``; a call that outlives it comes
+back as a :class:`Running` call, which a background flow (:class:`Spawn`) follows to its
+end with :class:`Outcome`: a runner thread's future from a thread, a task on its loop.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -99,55 +103,154 @@ class HasKeys:
         return set(await asyncio.to_thread(probe, self.conversation_id, self.keys))
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A hook call still going on after its load stopped waiting for it.
+
+    ``call`` is a runner thread's future (a sync hook) or a task on the load's event loop
+    (a native async hook, which carries ``hook_timeout`` inside it). ``deadline`` is when
+    ``hook_timeout`` runs out for a sync call (``time.monotonic()``; ``None``: unbounded,
+    or bounded inside the task); ``timed_out`` says it ran out already, within the wait.
+    """
+
+    call: Future[None] | asyncio.Task[None]
+    deadline: float | None
+    timed_out: bool
+
+
 @dataclass(slots=True)
 class Deliver:
-    """Hand a batch to the hook, for at most ``timeout`` seconds.
+    """Hand a batch to the hook; wait for it at most ``wait`` (and ``timeout``) seconds.
 
-    A sync hook runs on the engine's own :class:`~demote._runner.HookRunner` when there is
-    a timeout or an event loop to keep free; an async hook is awaited (and cancelled when
-    it times out). A sync call that outlives its wait cannot be stopped: ``orphan`` is
-    handed its future, so the engine keeps the conversation busy until the call ends.
+    The result is ``None`` when the hook accepted the batch within the wait (its error is
+    raised), or a :class:`Running` call that goes on in the background: the engine keeps
+    the conversation busy (gate and lease) until it ends, then commits its outcome. When
+    ``timeout`` (``hook_timeout``) is no longer than ``wait``, the load waits for it, as
+    it did before there was a wait: a native async hook is then cancelled and raises
+    :class:`~demote.errors.HookTimeout`, a sync call (which cannot be stopped) comes back
+    as ``Running`` with ``timed_out`` set. A sync hook runs on the engine's own
+    :class:`~demote._runner.HookRunner` whenever there is a bound or a loop to keep free.
+    ``orphan`` is handed a call the load was interrupted (cancelled) while waiting for.
     """
 
     hook: object
     batch: Demotion
+    wait: float | None
     timeout: float | None
     runner: HookRunner
-    orphan: Callable[[Future[None]], None]
+    orphan: Callable[[Running], None]
 
-    def run_sync(self) -> None:
-        if self.timeout is None:
+    def _bound(self) -> tuple[float | None, bool]:
+        """How long to wait here, and whether that bound is ``hook_timeout`` itself."""
+        if self.wait is None or (self.timeout is not None and self.timeout <= self.wait):
+            return self.timeout, True
+        return self.wait, False
+
+    def _running(self, future: Future[None], began: float, final: bool) -> Running:
+        deadline = None if self.timeout is None else began + self.timeout
+        return Running(future, deadline, final)
+
+    def run_sync(self) -> Running | None:
+        bound, final = self._bound()
+        if bound is None:
             deliver_sync(self.hook, self.batch)
-            return
+            return None
+        began = time.monotonic()
         future = self.runner.submit(deliver_sync, self.hook, self.batch)
         try:
-            future.result(self.timeout)
-        except BaseException as exc:
-            self._abandon(future, exc)
+            future.result(bound)
+        except TimeoutError:
+            if future.done():  # the hook's own TimeoutError
+                raise
+            return self._running(future, began, final)
+        except Exception:
+            raise
+        except BaseException:  # interrupted: the thread runs on, the conversation stays busy
+            if not future.done():
+                self.orphan(self._running(future, began, final))
+            raise
+        return None
 
-    async def run_async(self) -> None:
+    async def run_async(self) -> Running | None:
+        bound, final = self._bound()
+        began = time.monotonic()
         if native_async(self.hook):
+            coro = _within(self.hook.adeliver(self.batch), self.timeout)  # type: ignore[attr-defined]
+            if final:  # cancelled with the load, or by hook_timeout
+                await coro
+                return None
+            call = asyncio.ensure_future(coro)
             try:
-                await asyncio.wait_for(self.hook.adeliver(self.batch), self.timeout)  # type: ignore[attr-defined]
-            except TimeoutError as exc:
-                raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
-            return
+                await asyncio.wait_for(asyncio.shield(call), bound)
+            except TimeoutError:
+                if call.done():
+                    raise
+                return Running(call, None, False)
+            except BaseException:
+                call.cancel()  # the load was cancelled: so is its hook call
+                raise
+            return None
         future = self.runner.submit(deliver_sync, self.hook, self.batch)
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.timeout)
-        except BaseException as exc:  # timed out, cancelled, or the hook's own error
-            self._abandon(future, exc)
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except TimeoutError:
+            if future.done():
+                future.result()  # its own outcome counts
+                return None
+            return self._running(future, began, final)
+        except Exception:
+            raise
+        except BaseException:  # cancelled: the thread runs on, the conversation stays busy
+            if not future.done():
+                self.orphan(self._running(future, began, final))
+            raise
+        return None
 
-    def _abandon(self, future: Future[None], exc: BaseException) -> None:
-        """Stop waiting for ``future``; re-raise its outcome, or the reason we stopped."""
-        if not future.done():
-            self.orphan(future)  # the thread runs on; the conversation stays busy till it ends
-        elif isinstance(exc, Exception):
-            future.result()  # it finished meanwhile (or raised): its own outcome counts
-            return
-        if isinstance(exc, TimeoutError):
-            raise HookTimeout(f"hook did not finish within {self.timeout} s") from exc
-        raise exc
+
+async def _within(call: Awaitable[None], timeout: float | None) -> None:
+    """Await a native async hook call for at most ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(call, timeout)
+    except TimeoutError as exc:
+        raise HookTimeout(f"hook did not finish within {timeout} s") from exc
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Wait for a :class:`Running` call to end, until its deadline (``None``: no bound).
+
+    The result is ``True`` when the call ended well, ``False`` when the deadline passed
+    with the call still running; the call's own error is raised.
+    """
+
+    running: Running
+    deadline: float | None
+
+    def _left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def run_sync(self) -> bool:
+        call = self.running.call
+        if isinstance(call, asyncio.Future):  # pragma: no cover - tasks live on async paths
+            raise TypeError("a task is awaited on its own loop")
+        try:
+            call.result(self._left())
+        except TimeoutError:
+            if call.done():
+                raise
+            return False
+        return True
+
+    async def run_async(self) -> bool:
+        call = self.running.call
+        waited = call if isinstance(call, asyncio.Future) else asyncio.wrap_future(call)
+        try:
+            await asyncio.wait_for(asyncio.shield(waited), self._left())
+        except TimeoutError:
+            if waited.done():
+                raise
+            return False
+        return True
 
 
 @dataclass(slots=True)

@@ -184,10 +184,15 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             (:class:`~demote.errors.HookError` to the caller that drove the delivery,
             after the window move is committed). Either way the messages stay pending and
             a later load retries them.
-        hook_timeout: Seconds a load waits for the hook (sync and async loads alike;
-            ``None`` waits forever). A sync hook's call cannot be stopped: it runs on in
-            the engine's own thread and the conversation is not handed to the hook again
-            until it ends.
+        hook_timeout: Seconds a hook call may take (``None``: no bound). A call that
+            runs longer fails (its messages stay pending, with backoff); a sync hook's
+            call cannot be stopped: it runs on in the engine's own thread and the
+            conversation is not handed to the hook again until it ends.
+        hook_wait: Seconds a load waits for the hook before it returns the window anyway
+            (sync and async loads alike; ``None``: up to ``hook_timeout``). The call goes
+            on in the background, holding the conversation (gate and lease), and its
+            success is committed, so the messages are not handed over again. A local
+            archive answers well within it and looks synchronous.
         summarizer: Folds the groups a ``Compact`` policy marks into a running summary,
             off the hot path (see :mod:`demote.summarize`). Without one, ``Compact``
             behaves as bulk eviction at ``limit + 2 * compact_count`` (logged once).
@@ -218,6 +223,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         state: StateStore | None = None,
         on_hook_error: Literal["log", "raise"] = "log",
         hook_timeout: float | None = 30.0,
+        hook_wait: float | None = 0.25,
         summarizer: object | None = None,
         lease_ttl: float = 30.0,
         cached_conversations: int = 1_000,
@@ -237,6 +243,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         self.hook_timeout = (
             None if hook_timeout is None else seconds("hook_timeout", hook_timeout, optional=True)
         )
+        self.hook_wait = None if hook_wait is None else seconds("hook_wait", hook_wait)
         self.lease_ttl = seconds("lease_ttl", lease_ttl)
         if retry is not None and not isinstance(retry, Backoff):
             raise ConfigError(f"retry: expected a Backoff, got {type(retry).__name__}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
+from demote._sqlite_kind import OUTBOX, Columns, declare, schema_columns
 from demote.capture.codec import conversation_of, decode
 from demote.erase import conversation_hash
 from demote.errors import StoreError
@@ -65,6 +66,16 @@ INDEXES = """
 CREATE INDEX IF NOT EXISTS outbox_conversation ON outbox (conversation);
 CREATE INDEX IF NOT EXISTS dead_letters_conversation ON dead_letters (conversation);
 """
+
+
+def _declared() -> Columns:
+    """Each table's columns; a file from before ``conversation`` lacks that one."""
+    newest = schema_columns([TABLES])
+    old = ("outbox", "dead_letters")
+    return {t: (cols - {"conversation"} if t in old else cols, cols) for t, cols in newest.items()}
+
+
+declare(OUTBOX, _declared)
 
 
 def item_conversation(payload: str) -> str | None:

@@ -111,6 +111,10 @@ class DeadLetter:
     failed_at: float
 
 
+#: Seconds ``put`` (on the request path) waits, at most, for a locked outbox.
+PUT_WAIT = 0.05
+
+
 @contextmanager
 def _translated(path: str, action: str, timeout: float | None = None) -> Iterator[None]:
     try:
@@ -158,11 +162,12 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             16 MiB at SQLite's default page size). Past it the checkpoint thread makes the
             WAL start over; at twice it a commit checkpoints inline (see the module
             docstring).
-        timeout: Seconds a write (``put`` on the request path, the worker's updates)
-            waits for another process's write lock before it fails with
-            :class:`~demote.errors.StoreError`. Short by default: a demotion hook's caller
-            keeps its watermark and retries on a later load, which beats holding a
-            request for a lock another writer may keep for long.
+        timeout: Seconds the worker's writes wait for another process's write lock
+            before they fail with :class:`~demote.errors.StoreError`. ``put``, on the
+            request path, waits at most :data:`PUT_WAIT` (50 ms) of it, for the file's
+            lock and for the worker together: a locked outbox fails the put fast (nothing
+            stored; a demotion hook's caller keeps its watermark and retries on a later
+            load) instead of holding the request for a lock another writer may keep.
         read_only: Open an existing outbox to read it (``pending``, ``load``,
             ``dead_letters``: ``demote inspect``) without ever writing to the file: it
             must exist and be an outbox of this version, and every write raises
@@ -206,7 +211,7 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         self._init_checkpoints()
         self.read_only = read_only
         with _translated(self.path, "open"):
-            self._db = connect(self.path, self.timeout, read_only=read_only)
+            self._db = connect(self.path, self.timeout, read_only=read_only, kind=OUTBOX)
         try:
             with _translated(self.path, "open", self.timeout):
                 # Whose file it is comes first: switching a foreign file to WAL writes to it.
@@ -262,27 +267,53 @@ class SQLiteOutbox(WalCheckpoints, Closing):
         if conversation is not None:
             validate_conversation_id(conversation, "conversation")
         h = None if conversation is None else conversation_hash(conversation)
-        with self._lock, _translated(self.path, "put", self.timeout):
-            # One statement, so the fence check and the write are atomic across processes
-            # (no fence, no conversation: the NULL compares as false and the row goes in).
-            cursor = self._db.execute(
-                "INSERT INTO outbox (key, payload, created_at, conversation)"
-                " SELECT ?, ?, ?, ? WHERE NOT EXISTS"
-                " (SELECT 1 FROM erased WHERE conversation = ? AND fence > ?)",
-                (key, payload, time.time(), h, h, fence),
+        began = time.monotonic()
+        wait = min(self.timeout, PUT_WAIT)
+        if not self._lock.acquire(timeout=wait):  # the worker is inside a write that waits
+            raise StoreError(
+                f"outbox {self.path!r}: put failed: busy for {wait:g} s (another writer holds "
+                "the file's lock); nothing was stored"
             )
-            if cursor.rowcount == 0:
-                (erased,) = self._db.execute(
-                    "SELECT fence FROM erased WHERE conversation = ?", (h,)
-                ).fetchone()
-                raise FencedOut(
-                    f"outbox {self.path!r}: a batch of conversation {conversation!r} carries "
-                    f"fencing token {fence}, older than its erase (token {erased}); refused"
-                )
-            row = cursor.lastrowid
-            self._committed()
-            assert row is not None
-            return row
+        try:
+            left = max(0.001, wait - (time.monotonic() - began))
+            with _translated(self.path, "put", wait), self._busy(left):
+                return self._put(key, payload, h, fence, conversation)
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def _busy(self, seconds: float) -> Iterator[None]:
+        """Wait at most ``seconds`` for the file's lock (instead of ``timeout``), then restore."""
+        self._db.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
+        try:
+            yield
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+
+    def _put(
+        self, key: str, payload: str, h: str | None, fence: int | None, conversation: str | None
+    ) -> int:
+        """The insert of :meth:`put`, under the lock."""
+        # One statement, so the fence check and the write are atomic across processes
+        # (no fence, no conversation: the NULL compares as false and the row goes in).
+        cursor = self._db.execute(
+            "INSERT INTO outbox (key, payload, created_at, conversation)"
+            " SELECT ?, ?, ?, ? WHERE NOT EXISTS"
+            " (SELECT 1 FROM erased WHERE conversation = ? AND fence > ?)",
+            (key, payload, time.time(), h, h, fence),
+        )
+        if cursor.rowcount == 0:
+            (erased,) = self._db.execute(
+                "SELECT fence FROM erased WHERE conversation = ?", (h,)
+            ).fetchone()
+            raise FencedOut(
+                f"outbox {self.path!r}: a batch of conversation {conversation!r} carries "
+                f"fencing token {fence}, older than its erase (token {erased}); refused"
+            )
+        row = cursor.lastrowid
+        self._committed()
+        assert row is not None
+        return row
 
     def erase(
         self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None

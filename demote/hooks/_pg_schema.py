@@ -190,6 +190,31 @@ def _exists(conn: Any, catalog: str, column: str, name: str) -> bool:
     )
 
 
+#: The archive's tables (suffix of the table name) and the columns each has in every
+#: version: a table of that name without them belongs to another program.
+_REQUIRED = {
+    "": frozenset({"id", "scope", "conversation_id", "idx", "role", "text", "key"}),
+    "_conversations": frozenset({"id", "scope", "conversation_id", "messages"}),
+}
+
+
+def _check_foreign(conn: Any, table: str) -> None:
+    """Refuse, before creating anything, a table named like the archive's but another's."""
+    for suffix, required in _REQUIRED.items():
+        name = f"{table}{suffix}"
+        rows = conn.execute(
+            "SELECT column_name::text FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s",
+            (name,),
+        ).fetchall()
+        have = {str(r[0]) for r in rows}
+        if have and not required <= have:
+            raise StoreError(
+                f"table {name!r} is not a demote archive table: it has other columns "
+                f"({', '.join(sorted(have))}); it was left unchanged"
+            )
+
+
 def migrate(conn: Any, table: str, option: VectorsOption, read_only: bool) -> Layout:
     """Create or check the archive's tables on ``conn``; returns their layout.
 
@@ -219,6 +244,8 @@ def migrate(conn: Any, table: str, option: VectorsOption, read_only: bool) -> La
         layout = Layout(table, storage_for(option, stored, detect(conn)))
         if version == VERSION:
             return layout
+        if version is None:  # nothing of demote's recorded there: is the table another's?
+            _check_foreign(conn, table)
         if not _exists(conn, "pg_ts_dict", "dictname", f"{table}_porter"):
             conn.execute(
                 f"CREATE TEXT SEARCH DICTIONARY {table}_porter "

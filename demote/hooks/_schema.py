@@ -31,6 +31,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 
+from demote._sqlite_kind import ARCHIVE, Columns, declare, schema_columns
 from demote.errors import StoreError
 from demote.hooks import _erasure, _lexical, _vectors
 
@@ -74,6 +75,19 @@ _SCHEMA = (
     *_vectors.SCHEMA,
     *_erasure.SCHEMA,
 )
+
+# Whose file it is (demote._sqlite_kind): the columns every archive's messages table has
+# (older versions lack some of the newest); a table named like one of these with other
+# columns is another program's, and the file is refused before anything is written.
+_REQUIRED = {"messages": frozenset({"id", "conversation_id", "idx", "role", "text", "key"})}
+
+
+def _declared() -> Columns:
+    newest = schema_columns(_SCHEMA)
+    return {t: (_REQUIRED.get(t, frozenset()), cols) for t, cols in newest.items()}
+
+
+declare(ARCHIVE, _declared)
 
 # The text of the messages at idx - 1 and idx + 1 (a rewrite may leave two at one index:
 # the newest counts).

@@ -39,6 +39,25 @@ _COLS = ", ".join(f'"{c}"' for c in COLUMNS)
 _S_COLS = ", ".join(f's."{c}"' for c in COLUMNS)
 
 
+#: The columns of the state and lease tables: those of version 1, those of the newest.
+_STATE_REQUIRED = frozenset(
+    {
+        "conversation_id",
+        "window_start",
+        "delivered",
+        "pinned",
+        "anchor",
+        "summary",
+        "summarized",
+        "offset",
+        "generation",
+    }
+)
+_STATE_ALLOWED = _STATE_REQUIRED | {"trail", "cleared"}
+_LEASE_REQUIRED = frozenset(("conversation_id", "holder", "expires"))
+_LEASE_ALLOWED = _LEASE_REQUIRED | {"token"}
+
+
 def _values(prefix: str) -> str:
     return ", ".join(f"%({prefix}{c})s::{_TYPES[c]}" for c in COLUMNS)
 
@@ -150,6 +169,7 @@ class Sql:
         """Bring any earlier layout to :data:`SCHEMA_VERSION` (idempotent)."""
         t, lease = self.table, self.lease_table
         return [
+            self._own_check(),  # first: a table of another program is never altered
             # version 1
             f"CREATE TABLE IF NOT EXISTS {t} (conversation_id TEXT PRIMARY KEY, "
             "window_start BIGINT NOT NULL, delivered BIGINT NOT NULL, "
@@ -170,6 +190,33 @@ class Sql:
             f"INSERT INTO {t}_meta (version) VALUES ({SCHEMA_VERSION}) "
             f"ON CONFLICT (id) DO UPDATE SET version = {SCHEMA_VERSION}",
         ]
+
+    def _own_check(self) -> str:
+        """A statement that raises if a table named like the store's is another program's.
+
+        It is, if it has a column the store's newest schema does not, or lacks one the
+        first had. It runs before any statement that creates or alters, in the same
+        transaction, so a refused table is left as it was.
+        """
+        checks = []
+        for table, required, allowed in (
+            (self.table, _STATE_REQUIRED, _STATE_ALLOWED),
+            (self.lease_table, _LEASE_REQUIRED, _LEASE_ALLOWED),
+        ):
+            have = (
+                "SELECT column_name::text FROM information_schema.columns "
+                f"WHERE table_schema = current_schema() AND table_name = '{table}'"
+            )
+            want = ", ".join(f"'{c}'" for c in sorted(required))
+            ok = ", ".join(f"'{c}'" for c in sorted(allowed))
+            checks.append(
+                f"IF EXISTS ({have}) AND (EXISTS ({have} AND column_name NOT IN ({ok})) "
+                f"OR (SELECT count(*) FROM ({have} AND column_name IN ({want})) AS c) "
+                f"< {len(required)}) THEN RAISE EXCEPTION 'table % is not a demote state "
+                "store table: it has other columns; it was left unchanged', "
+                f"'{table}'; END IF;"
+            )
+        return f"DO $$ BEGIN {' '.join(checks)} END $$"
 
     @property
     def meta_exists(self) -> str:

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import astuple
 from typing import TypeVar
 
-from demote._sqlite_kind import check_kind, connect
+from demote._sqlite_kind import Columns, check_kind, connect, declare, schema_columns
 from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.errors import ArgumentTypeError, StoreError
@@ -95,6 +95,16 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE demote_state ADD COLUMN cleared INTEGER NOT NULL DEFAULT 0;
     """,
 }
+
+
+def _declared() -> Columns:
+    """Each table's columns: those of version 1 at least, those of the newest at most."""
+    newest = schema_columns(_MIGRATIONS[v] for v in sorted(_MIGRATIONS))
+    first = schema_columns([_MIGRATIONS[1]])
+    return {table: (first.get(table, cols), cols) for table, cols in newest.items()}
+
+
+declare(APPLICATION_ID, _declared)
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM demote_state WHERE conversation_id = ?"
 _UPSERT = (
@@ -156,7 +166,7 @@ class SQLiteStateStore(OpStore):
         self._closed = False
         self._worker = Worker(f"demote-sqlite-state:{os.path.basename(self.path)}")
         try:
-            self._db = connect(self.path, timeout, read_only=read_only)
+            self._db = connect(self.path, timeout, read_only=read_only, kind=APPLICATION_ID)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path!r}: {exc}") from exc
         try:

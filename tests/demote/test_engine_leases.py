@@ -67,6 +67,8 @@ def chat(n: int, tag: str = "") -> list[Msg]:
 
 
 def worker(store: InMemoryStateStore, sink: SharedSink, name: str, **kw: Any) -> Demoter:
+    # These loads wait for their (slow) hook, to watch the lease while they do.
+    kw.setdefault("hook_wait", None)
     return Demoter(POLICY, sink.for_worker(name), state=store, **kw)
 
 

@@ -96,7 +96,10 @@ def test_erase_reaches_every_tier_and_no_file_keeps_the_secret(
     # c's first batch is dead-lettered, its second blocks in the sink, the rest queue up.
     shelf = Shelf(block="c turn 2:", poison="c turn 0:")
     recorder = Recorder(shelf, outbox=outbox)
-    demoter = Demoter(LAST2, FanOutHook(recorder, Mem0Hook(memory, user_id="alice")))
+    # Each load waits for its batch (mem0 may take longer than hook_wait): the test counts
+    # what every tier holds right after the loads.
+    hook = FanOutHook(recorder, Mem0Hook(memory, user_id="alice"))
+    demoter = Demoter(LAST2, hook, hook_wait=None)
     c, o = chat("c", SECRET, 16), chat("o", KEPT, 16)
     grow(demoter, "c", c)
     grow(demoter, "o", o)

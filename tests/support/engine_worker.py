@@ -208,6 +208,7 @@ def make_demoter(config: Config, store: Any, sink: Sink) -> Demoter:
         state=Consistent(store, sink),
         lease_ttl=config.lease_ttl,
         hook_timeout=MAX_WAIT,
+        hook_wait=None,  # each load waits its (slow) hook out: the leases are what is watched
     )
     if not config.renew:
         demoter._keeper.close()  # the control: nothing renews this worker's leases
