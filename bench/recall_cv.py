@@ -130,7 +130,9 @@ class Bench:
                     start = replay(conv, archive, WINDOW)
                 finally:
                     archive.close()
-                out[conv.name] = Prepared(conv, path, frozenset(t.dia_id for t in conv.turns[start:]))
+                out[conv.name] = Prepared(
+                    conv, path, frozenset(t.dia_id for t in conv.turns[start:])
+                )
             self._built[key] = out
         return self._built[key]
 
@@ -158,7 +160,9 @@ class Bench:
         return result
 
 
-def _measures(ranked: list[Recalled], missing: frozenset[str], turns: Sequence[Any]) -> dict[str, bool]:
+def _measures(
+    ranked: list[Recalled], missing: frozenset[str], turns: Sequence[Any]
+) -> dict[str, bool]:
     out: dict[str, bool] = {}
     for name, k, budget in MEASURES:
         # search(k, budget_tokens=b): best first, a hit that does not fit is skipped.
@@ -191,7 +195,10 @@ def descend(
     for _ in range(passes):
         moved = False
         for name, values in variant.grid.items():
-            best, best_hits = current[name], hits(bench.score(variant.build, current), train, OBJECTIVE)
+            best, best_hits = (
+                current[name],
+                hits(bench.score(variant.build, current), train, OBJECTIVE),
+            )
             for value in values:
                 if value == current[name]:
                     continue
@@ -207,7 +214,10 @@ def descend(
 
 
 def cross_validate(
-    bench: Bench, variant: Variant, base: Mapping[str, dict[str, Any]] | None = None, passes: int = 2
+    bench: Bench,
+    variant: Variant,
+    base: Mapping[str, dict[str, Any]] | None = None,
+    passes: int = 2,
 ) -> dict[str, Any]:
     """Leave-one-conversation-out: per fold, the chosen options and the held-out scores."""
     names = [c.name for c in bench.convs]
@@ -242,7 +252,12 @@ def summarise(folds: Mapping[str, Any]) -> dict[str, Any]:
         per_cat = {}
         for c in CATEGORIES.values():
             per_cat[c] = statistics.fmean(f["held_out"][m][c] for f in folds.values())
-        out[m] = {"mean": statistics.fmean(values), "worst": min(values), "pooled": pooled, **per_cat}
+        out[m] = {
+            "mean": statistics.fmean(values),
+            "worst": min(values),
+            "pooled": pooled,
+            **per_cat,
+        }
     return out
 
 
@@ -284,13 +299,34 @@ def _captioned(message: DemotedMessage) -> dict[str, str] | None:
 _CONTEXTS: dict[str, Callable[[DemotedMessage], Any]] = {
     "none": lambda m: None,
     "speaker/date": speaker_context,
+    "speaker/date/caption": _captioned,
 }
 
 
 def variants() -> list[Variant]:
     """Every setup measured: the base options, then each method on top of them."""
+    entities = {"options": {"entities": True}}
     return [
         Variant("defaults + speaker/date context (base options tuned)", {}, BASE_GRID),
+        Variant("+ entity index", entities, {"entity_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
+        Variant("+ time awareness", {}, {"time_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
+        Variant("+ query decomposition", {}, {"decompose": (0.8, 0.5, 1.0)}, on_base=True),
+        Variant(
+            "+ entities, time, decomposition",
+            entities,
+            {
+                "entity_weight": (1.0, 0.5, 2.0),
+                "time_weight": (1.0, 0.5, 2.0),
+                "decompose": (0.8, 0.5, 1.0),
+            },
+            on_base=True,
+        ),
+        Variant(
+            "+ photo captions as keys (a captioning model's key expansion)",
+            {"context": "speaker/date/caption"},
+            {},
+            on_base=True,
+        ),
     ]
 
 
@@ -344,11 +380,16 @@ def report(payload: dict[str, Any]) -> str:
         s = result["summary"]
         cells = [f"{s[m]['mean']:.1%} / {s[m]['worst']:.1%}" for m, _, _ in MEASURES]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {s['500 tok']['multi-hop']:.1%} |")
-    lines += ["", "| setup, k=5 ≤250 tok (mean of folds) | " + " | ".join(CATEGORIES.values()) + " |"]
+    lines += [
+        "",
+        "| setup, k=5 ≤250 tok (mean of folds) | " + " | ".join(CATEGORIES.values()) + " |",
+    ]
     lines.append("|---|" + "---:|" * len(CATEGORIES))
     for label, result in payload["variants"].items():
         s = result["summary"][OBJECTIVE]
-        lines.append(f"| {label} | " + " | ".join(f"{s[c]:.1%}" for c in CATEGORIES.values()) + " |")
+        lines.append(
+            f"| {label} | " + " | ".join(f"{s[c]:.1%}" for c in CATEGORIES.values()) + " |"
+        )
     lines += ["", "options chosen per fold (held-out conversation: options):"]
     for label, result in payload["variants"].items():
         lines.append(f"- {label}:")

@@ -65,6 +65,9 @@ class Turn:
     text: str
     speaker: str
     date: str
+    #: The dataset's caption of a shared photo (BLIP's), or empty: what a captioning
+    #: model would say about the image; only the captioned setups index it.
+    caption: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,12 @@ def load(path: Path) -> Conversation:
     sessions = sorted(int(m.group(1)) for key in doc if (m := re.fullmatch(r"session_(\d+)", key)))
     turns = [
         Turn(
-            t["dia_id"], roles[t["speaker"]], t["text"], t["speaker"], doc[f"session_{s}_date_time"]
+            t["dia_id"],
+            roles[t["speaker"]],
+            t["text"],
+            t["speaker"],
+            doc[f"session_{s}_date_time"],
+            str(t.get("blip_caption") or ""),
         )
         for s in sessions
         for t in doc[f"session_{s}"]
@@ -142,7 +150,7 @@ def replay(conv: Conversation, store: Store, window_tokens: int) -> int:
                     text=t.text,
                     index=j,
                     key=make_key(conv.name, j, fingerprint(t.role, t.text)),
-                    raw={"speaker": t.speaker, "date": t.date},
+                    raw={"speaker": t.speaker, "date": t.date, "caption": t.caption},
                 )
                 for j, t in enumerate(conv.turns[delivered:start], start=delivered)
             )
