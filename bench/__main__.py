@@ -34,6 +34,7 @@ from bench import (  # noqa: E402
     capture_scale,
     fleet,
     pg_archive,
+    recall_cv,
     recall_locomo,
     turn_cost,
 )
@@ -43,6 +44,7 @@ SECTIONS = {
     "1": "turn_cost",
     "2": "cache_cost",
     "3": "recall",
+    "3b": "recall_cv",  # the same protocol, leave-one-conversation-out
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
@@ -86,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         elif name == "fleet":
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "recall_cv":
+            print(recall_cv.report(recall_cv.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "pg_archive":
             payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
             print(pg_archive.report(payload))

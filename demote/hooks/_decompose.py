@@ -53,7 +53,8 @@ def parts(
                 found.append((kept, speaker))
         return found
     shared = [t for ts in name_terms.values() for t in ts]
-    clauses = [query_terms(c, stop_words) for c in _JOIN.split(query)]
+    have = set(terms)  # a clause's terms are the query's (which may have been cut short)
+    clauses = [[t for t in query_terms(c, stop_words) if t in have] for c in _JOIN.split(query)]
     own = [[t for t in c if t not in shared] for c in clauses]
     if len(clauses) < 2 or any(len(c) < 2 for c in own):
         return []

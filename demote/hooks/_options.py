@@ -66,7 +66,7 @@ def searcher(
         entity_weight=weights["entity_weight"],
         time_weight=weights["time_weight"],
         decompose=_args.weight("decompose", decompose, high=1.0),
-        reranker=reranker,  # type: ignore[arg-type]  # checked callable above
+        reranker=reranker,  # checked callable above
         rerank_depth=count("rerank_depth", rerank_depth),
         rerank_weight=_args.weight("rerank_weight", rerank_weight, high=1.0),
     )

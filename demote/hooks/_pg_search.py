@@ -31,7 +31,7 @@ from demote.hooks._lexical import MATCH_BUDGET, pick_terms
 from demote.hooks._pg_flows import Flow, Stmt
 from demote.hooks._pg_statements import Statements
 from demote.hooks._pg_text import fold, literal, term_query, weights_of
-from demote.hooks._search import Dense, Lexical, Request, Searcher, Speakers, scope
+from demote.hooks._search import Dense, Entities, Lexical, Request, Searcher, Speakers, scope
 from demote.records import Recalled
 
 __all__ = ["Matrices", "search"]
@@ -106,7 +106,9 @@ def search(
         if isinstance(need, Speakers):
             reply = stats.speakers
         elif isinstance(need, Lexical):
-            reply = yield from _lexical(st, searcher.ranking, ids, stats, need)
+            reply = yield from _lexical(st, searcher.ranking, ids, stats, need, request.terms)
+        elif isinstance(need, Entities):
+            reply = {}  # the entity index is the SQLite archive's only
         elif isinstance(need, Dense):
             reply = yield from _dense(st, stats, need, matrices)
         else:
@@ -120,9 +122,13 @@ def _lexical(
     ids: dict[str, str],
     stats: _Stats,
     need: Lexical,
+    asked: Sequence[str],
 ) -> Flow[tuple[dict[int, float], list[_rank.Candidate]]]:
     weights, pool, coverage_weight, neighbours, _ = ranking
     terms = need.terms
+    # The statistics hold the request's terms; a sub-query's terms are some of them.
+    at = {term: n for n, term in enumerate(asked)}
+    stats = stats._replace(lexemes=[stats.lexemes[at[t]] for t in terms])
     columns = ("text", "context") if weights[2] > 0 else ("text",)
     searched = (*columns, "adjacent") if weights[3] > 0 else columns
     lexemes = [[lexeme for lexeme, _ in found] for found in stats.lexemes]
