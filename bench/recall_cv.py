@@ -104,6 +104,8 @@ class Variant:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     #: Tune ``grid`` on top of the base options each fold chose (a method's knobs).
     on_base: bool = False
+    #: Labels of earlier variants whose per-fold choices this one merges, untuned.
+    combine: tuple[str, ...] = ()
 
 
 Scores = dict[str, list[tuple[int, dict[str, bool]]]]  # conv -> [(category, measure->hit)]
@@ -218,6 +220,7 @@ def cross_validate(
     variant: Variant,
     base: Mapping[str, dict[str, Any]] | None = None,
     passes: int = 2,
+    merged: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Leave-one-conversation-out: per fold, the chosen options and the held-out scores."""
     names = [c.name for c in bench.convs]
@@ -225,6 +228,9 @@ def cross_validate(
     for held in names:
         train = [n for n in names if n != held]
         start: dict[str, Any] = dict(base[held]) if (variant.on_base and base) else {}
+        if variant.combine:  # each fold's own choices of the methods merged (no new tuning)
+            for label in variant.combine:
+                start.update((merged or {})[label]["folds"][held]["options"])
         chosen = descend(bench, variant, train, start, passes)
         scores = bench.score(variant.build, chosen)
         folds[held] = {
@@ -314,14 +320,10 @@ def variants() -> list[Variant]:
         Variant("+ time awareness", {}, {"time_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
         Variant("+ query decomposition", {}, {"decompose": (0.8, 0.5, 1.0)}, on_base=True),
         Variant(
-            "+ entities, time, decomposition",
+            "+ entities, time, decomposition (each as its row chose)",
             entities,
-            {
-                "entity_weight": (1.0, 0.5, 2.0),
-                "time_weight": (1.0, 0.5, 2.0),
-                "decompose": (0.8, 0.5, 1.0),
-            },
-            on_base=True,
+            {},
+            combine=("+ entity index", "+ time awareness", "+ query decomposition"),
         ),
         Variant(
             "+ photo captions as keys (a captioning model's key expansion)",
@@ -435,7 +437,7 @@ def run(*, quick: bool, out: Path, quiet: bool) -> dict[str, Any]:
         if not quiet:
             print(f"  {base_variant.label}: {time.perf_counter() - began:.0f} s", file=sys.stderr)
         for variant in methods:
-            results[variant.label] = cross_validate(bench, variant, chosen, passes)
+            results[variant.label] = cross_validate(bench, variant, chosen, passes, results)
             if not quiet:
                 print(f"  {variant.label}: {time.perf_counter() - began:.0f} s", file=sys.stderr)
         searches, seconds = bench.searches, bench.search_seconds

@@ -150,7 +150,7 @@ def _lexical(
     ]
     scale = max(weights[1:])  # ts_rank_cd takes weights up to 1
     present = [n for n in range(len(terms)) if df[n] > 0]
-    covering = coverage_weight > 0 and len(terms) > 1
+    covering = (coverage_weight > 0 and len(terms) > 1) or neighbours > 0 or weights[3] > 0
     cover = [term_query(lexemes[n], weights_of(columns)) for n in present] if covering else []
     found = yield Stmt(
         st.candidates(len(queries)),
@@ -174,11 +174,14 @@ def _lexical(
         return {}, []
     rows = [_candidate(r[1:], float(r[8])) for r in hits]
     shares: dict[int, float] = {}
+    own: set[int] | None = None
     if covering:
         contains = {int(r[1]): frozenset(present[p - 1] for p in r[9]) for r in hits if r[9]}
-        shares = _rank.coverage(contains, _rank.term_weights(total, df))
+        if coverage_weight > 0:
+            shares = _rank.coverage(contains, _rank.term_weights(total, df))
+        own = set(contains)  # the rows that say a query term themselves
     rows += [_candidate(r[1:], 0.0) for r in found if r[0] == 1]
-    return _rank.lexical_scores(rows, shares, coverage_weight, neighbours), rows
+    return _rank.lexical_scores(rows, shares, coverage_weight, neighbours, own), rows
 
 
 def _dense(

@@ -108,12 +108,19 @@ def lexical_scores(
     shares: Mapping[int, float],
     coverage_weight: float,
     neighbours: float,
+    own: Collection[int] | None = None,
 ) -> dict[int, float]:
     """Each row's score by index: ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)``.
 
     ``s = bm25 * (1 + coverage_weight * share)``; ``q`` is 2 when message ``i-1`` (among
     the rows) asks a question. A reply inherits from the turn it answers, and a turn gets
     half as much from its reply.
+
+    ``own`` holds the ids of the rows whose own text or context contains a query term.
+    When it is given, a row that is not one of them (found by its neighbours' text, or
+    fetched as a reply) ranks just below the best of its neighbours that is: lifted by
+    them, never above them, so a search for a word returns the message that says it
+    before the one next to it.
     """
     base: dict[int, float] = {}
     for row in rows:
@@ -121,9 +128,16 @@ def lexical_scores(
         base[row.index] = max(score, base.get(row.index, 0.0))
     asks = {row.index for row in rows if "?" in row.text}
     scores: dict[int, float] = {}
-    for index, own in base.items():
+    for index, mine in base.items():
         before = base.get(index - 1, 0.0) * (2.0 if index - 1 in asks else 1.0)
-        scores[index] = own + neighbours * (before + 0.5 * base.get(index + 1, 0.0))
+        scores[index] = mine + neighbours * (before + 0.5 * base.get(index + 1, 0.0))
+    if own is None:
+        return scores
+    saying = {row.index for row in rows if row.id in own}
+    for index in scores.keys() - saying:
+        lifting = [scores[j] for j in (index - 1, index + 1) if j in saying]
+        if lifting:
+            scores[index] = min(scores[index], max(lifting) * (1.0 - 1e-6))
     return scores
 
 

@@ -154,15 +154,22 @@ def test_a_question_naming_two_speakers_is_split_per_speaker() -> None:
 
 def test_decomposition_finds_each_speakers_answer() -> None:
     texts = [
-        "I painted a sunset over the lake, painted it twice, a painted sky.",  # Ann
-        "Painted? Painted, painted, painted, I love it.",  # Bob
-        "The market was busy.",  # Ann
-        "I finished a horse portrait in oils.",  # Bob, a painting with no shared word
+        "I painted the lake, painted the hills, painted the sky.",  # Ann
+        "Nice colours.",  # Bob
+        "Then I painted the barn and painted the fence.",  # Ann
+        "Lovely.",  # Bob
+        "I painted my room too.",  # Ann
+        "Last spring, after many long weekends of practice, I painted a horse.",  # Bob
     ]
-    with SQLiteArchive(":memory:", context=context, decompose=1.0) as archive:
-        archive.deliver(batch("c", *texts))
-        hits = archive.search("c", "What have Ann and Bob both painted?", k=2)
-        assert {h.index for h in hits} == {0, 1}
+    query = "What have Ann and Bob both painted?"
+    found = {}
+    for decompose in (0.0, 1.0):
+        with SQLiteArchive(
+            ":memory:", context=context, decompose=decompose, neighbours=0, adjacent_weight=0
+        ) as archive:
+            archive.deliver(batch("c", *texts))
+            found[decompose] = {h.index for h in archive.search("c", query, k=2)}
+    assert found == {0.0: {0, 2}, 1.0: {0, 5}}  # Bob's own answer, with decomposition
     with pytest.raises(ConfigError, match="decompose"):
         SQLiteArchive(":memory:", decompose=2)
 
@@ -204,3 +211,29 @@ def test_a_bad_reranker_is_a_typed_error() -> None:
         archive.deliver(batch("c", "garden one"))
         with pytest.raises(EmbeddingError, match="model down"):
             archive.search("c", "garden")
+
+
+# -- the neighbour lift never puts a message above the one that says the word -----------------
+
+
+def test_a_lifted_message_ranks_below_the_neighbour_that_says_the_word() -> None:
+    from demote.hooks._rank import Candidate, lexical_scores
+
+    rows = [
+        Candidate(1, 0, "user", "Which team did you sign with?", "k0", 2.0),
+        Candidate(2, 1, "assistant", "The Minnesota Wolves!", "k1", 1.5),  # adjacent text
+        Candidate(3, 5, "user", "team talk", "k5", 1.0),
+    ]
+    free = lexical_scores(rows, {}, 0.0, 0.7)
+    assert free[1] > free[0]  # 1.5 + 0.7 * 2 * 2.0: the reply would win
+    capped = lexical_scores(rows, {}, 0.0, 0.7, own={1, 3})
+    assert capped[0] == free[0] and capped[5] == free[5]
+    assert free[5] < capped[1] < capped[0]  # just below the question, still above the rest
+
+
+def test_a_search_returns_the_message_that_says_the_word_first() -> None:
+    texts = ["the secret word is marmalade", "We talked about the weather.", "Rain again."]
+    with SQLiteArchive(":memory:") as archive:  # the default neighbour lift and text
+        archive.deliver(batch("c", *texts))
+        hits = archive.search("c", "marmalade", k=2)
+        assert [h.index for h in hits] == [0, 1]
