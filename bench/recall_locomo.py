@@ -15,8 +15,10 @@ budget_tokens=B)``; tokens are ``ceil(characters / 4)`` of each returned text). 
 tokens each way spends are reported beside it, so a setup cannot win by spending more of
 the prompt.
 
-Tuning is honest only on conversations it never saw: every variant here was tuned on the
-conversations not in :data:`HELD_OUT`, and the table reports those held out apart.
+Tuning is honest only on conversations it never saw. The variants here were tuned (for
+recall v2) on the conversations not in :data:`HELD_OUT`, and the table reports those held
+out apart; the shipped defaults now come from leave-one-conversation-out cross-validation
+over all five (:mod:`bench.recall_cv`, section 3b), whose figures are the honest ones.
 
 Run ``python -m bench.recall_locomo`` (from the repository root) to print every variant;
 ``--setups NAME ...`` runs some. The data is read from ``../shared/data/locomo`` (or
