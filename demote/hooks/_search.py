@@ -16,7 +16,15 @@ conversation) of the query's terms the message contains, and ``q`` is 2 when mes
 the whole query over one that repeats a word; the neighbour term lifts a reply whose
 question matched ("which team did you sign with?" / "The Minnesota Wolves!"). Each message
 is also indexed with its neighbours' text (the ``adjacent`` column, weighted low), so BM25
-itself finds a reply by its question's words.
+itself finds a reply by its question's words. A message that says no query term itself
+(found by that column, or fetched as a reply) ranks just below the neighbour that lifted
+it, so a search for a word returns the message that says it first.
+
+The optional methods (:class:`Methods`, all off by default) act on these scores: query
+decomposition merges the rankings of a question's sub-queries (:mod:`._decompose`), the
+entity index lifts and lets in the messages linked to a name the query contains
+(:mod:`._entities`, SQLite only), time awareness lifts the messages dated within the time
+it names (:mod:`._time`), and a user's reranker re-scores the best candidates.
 
 With vectors, the query's ``pool`` nearest messages by cosine are fused with the lexical
 scores: a weighted sum of min-max-normalised scores, or reciprocal-rank fusion. Then a
