@@ -37,6 +37,7 @@ from bench import (  # noqa: E402
     fleet,
     outage,
     pg_archive,
+    recall_cv,
     recall_locomo,
     turn_cost,
 )
@@ -46,6 +47,7 @@ SECTIONS = {
     "1": "turn_cost",
     "2": "cache_cost",
     "3": "recall",
+    "3b": "recall_cv",  # the same protocol, leave-one-conversation-out
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
@@ -95,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "outage":
             print(outage.report(outage.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "recall_cv":
+            print(recall_cv.report(recall_cv.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "pg_archive":
             payload = pg_archive.run(quick=args.quick, out=args.out, quiet=args.quiet)
             print(pg_archive.report(payload))

@@ -15,8 +15,10 @@ budget_tokens=B)``; tokens are ``ceil(characters / 4)`` of each returned text). 
 tokens each way spends are reported beside it, so a setup cannot win by spending more of
 the prompt.
 
-Tuning is honest only on conversations it never saw: every variant here was tuned on the
-conversations not in :data:`HELD_OUT`, and the table reports those held out apart.
+Tuning is honest only on conversations it never saw. The variants here were tuned (for
+recall v2) on the conversations not in :data:`HELD_OUT`, and the table reports those held
+out apart; the shipped defaults now come from leave-one-conversation-out cross-validation
+over all five (:mod:`bench.recall_cv`, section 3b), whose figures are the honest ones.
 
 Run ``python -m bench.recall_locomo`` (from the repository root) to print every variant;
 ``--setups NAME ...`` runs some. The data is read from ``../shared/data/locomo`` (or
@@ -65,6 +67,9 @@ class Turn:
     text: str
     speaker: str
     date: str
+    #: The dataset's caption of a shared photo (BLIP's), or empty: what a captioning
+    #: model would say about the image; only the captioned setups index it.
+    caption: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,12 @@ def load(path: Path) -> Conversation:
     sessions = sorted(int(m.group(1)) for key in doc if (m := re.fullmatch(r"session_(\d+)", key)))
     turns = [
         Turn(
-            t["dia_id"], roles[t["speaker"]], t["text"], t["speaker"], doc[f"session_{s}_date_time"]
+            t["dia_id"],
+            roles[t["speaker"]],
+            t["text"],
+            t["speaker"],
+            doc[f"session_{s}_date_time"],
+            str(t.get("blip_caption") or ""),
         )
         for s in sessions
         for t in doc[f"session_{s}"]
@@ -142,7 +152,7 @@ def replay(conv: Conversation, store: Store, window_tokens: int) -> int:
                     text=t.text,
                     index=j,
                     key=make_key(conv.name, j, fingerprint(t.role, t.text)),
-                    raw={"speaker": t.speaker, "date": t.date},
+                    raw={"speaker": t.speaker, "date": t.date, "caption": t.caption},
                 )
                 for j, t in enumerate(conv.turns[delivered:start], start=delivered)
             )

@@ -97,16 +97,19 @@ def score(
     if not rows:
         return {}, []
     shares: dict[int, float] = {}
-    if coverage_weight > 0 and len(terms) > 1:
+    own: set[int] | None = None
+    if (coverage_weight > 0 and len(terms) > 1) or neighbours > 0 or weights[3] > 0:
         present = [n for n in range(len(terms)) if df[n] > 0]
         contains = containment(db, rows, terms, present, columns)
-        shares = coverage(contains, term_weights(total, df))
+        if coverage_weight > 0:
+            shares = coverage(contains, term_weights(total, df))
+        own = set(contains)  # the rows that say a query term themselves
     if neighbours > 0:
         # A reply ("The Minnesota Wolves!") often shares no word with the query that
         # matched its question ("which team did you sign with?"), yet holds the answer.
         have = {r.index for r in rows}
         rows += rows_at(db, conversation_id, {r.index + 1 for r in rows if "?" in r.text} - have)
-    return lexical_scores(rows, shares, coverage_weight, neighbours), rows
+    return lexical_scores(rows, shares, coverage_weight, neighbours, own), rows
 
 
 def candidates(

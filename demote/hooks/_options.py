@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from demote._validate import count
-from demote.errors import ConfigError
+from demote.errors import ArgumentTypeError, ConfigError
 from demote.hooks import _args, _rank, _search
 from demote.hooks._fts import STOP_WORDS
 from demote.records import DemotedMessage
@@ -35,6 +35,12 @@ def searcher(
     on_model_change: str,
     stop_words: Iterable[str] | None,
     pool_name: str = "pool",
+    entity_weight: float = 0.0,
+    time_weight: float = 0.0,
+    decompose: float = 0.0,
+    reranker: object | None = None,
+    rerank_depth: int = 20,
+    rerank_weight: float = 0.5,
 ) -> _search.Searcher:
     """The searcher of an archive's options (see ``SQLiteArchive``), checked.
 
@@ -50,8 +56,20 @@ def searcher(
             ("coverage", coverage),
             ("neighbours", neighbours),
             ("speaker_weight", speaker_weight),
+            ("entity_weight", entity_weight),
+            ("time_weight", time_weight),
         )
     }
+    if reranker is not None and not callable(reranker):
+        raise ArgumentTypeError(f"reranker: must be a callable or None, got {reranker!r:.40}")
+    methods = _search.Methods(
+        entity_weight=weights["entity_weight"],
+        time_weight=weights["time_weight"],
+        decompose=_args.weight("decompose", decompose, high=1.0),
+        reranker=reranker,  # checked callable above
+        rerank_depth=count("rerank_depth", rerank_depth),
+        rerank_weight=_args.weight("rerank_weight", rerank_weight, high=1.0),
+    )
     pool = count(pool_name, pool)
     after = count("after", after, minimum=0)
     if fusion not in ("weighted", "rrf"):
@@ -75,6 +93,7 @@ def searcher(
         dense_weight=dense,
         count=_args.counter(counter),
         stop_words=frozenset(w.lower() for w in words),
+        methods=methods,
     )
 
 

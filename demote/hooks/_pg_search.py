@@ -31,7 +31,7 @@ from demote.hooks._lexical import MATCH_BUDGET, pick_terms
 from demote.hooks._pg_flows import Flow, Stmt
 from demote.hooks._pg_statements import Statements
 from demote.hooks._pg_text import fold, literal, term_query, weights_of
-from demote.hooks._search import Dense, Lexical, Request, Searcher, Speakers, scope
+from demote.hooks._search import Dense, Entities, Lexical, Request, Searcher, Speakers, scope
 from demote.records import Recalled
 
 __all__ = ["Matrices", "search"]
@@ -106,7 +106,9 @@ def search(
         if isinstance(need, Speakers):
             reply = stats.speakers
         elif isinstance(need, Lexical):
-            reply = yield from _lexical(st, searcher.ranking, ids, stats, need)
+            reply = yield from _lexical(st, searcher.ranking, ids, stats, need, request.terms)
+        elif isinstance(need, Entities):
+            reply = {}  # the entity index is the SQLite archive's only
         elif isinstance(need, Dense):
             reply = yield from _dense(st, stats, need, matrices)
         else:
@@ -120,9 +122,13 @@ def _lexical(
     ids: dict[str, str],
     stats: _Stats,
     need: Lexical,
+    asked: Sequence[str],
 ) -> Flow[tuple[dict[int, float], list[_rank.Candidate]]]:
     weights, pool, coverage_weight, neighbours, _ = ranking
     terms = need.terms
+    # The statistics hold the request's terms; a sub-query's terms are some of them.
+    at = {term: n for n, term in enumerate(asked)}
+    stats = stats._replace(lexemes=[stats.lexemes[at[t]] for t in terms])
     columns = ("text", "context") if weights[2] > 0 else ("text",)
     searched = (*columns, "adjacent") if weights[3] > 0 else columns
     lexemes = [[lexeme for lexeme, _ in found] for found in stats.lexemes]
@@ -144,7 +150,7 @@ def _lexical(
     ]
     scale = max(weights[1:])  # ts_rank_cd takes weights up to 1
     present = [n for n in range(len(terms)) if df[n] > 0]
-    covering = coverage_weight > 0 and len(terms) > 1
+    covering = (coverage_weight > 0 and len(terms) > 1) or neighbours > 0 or weights[3] > 0
     cover = [term_query(lexemes[n], weights_of(columns)) for n in present] if covering else []
     found = yield Stmt(
         st.candidates(len(queries)),
@@ -168,11 +174,14 @@ def _lexical(
         return {}, []
     rows = [_candidate(r[1:], float(r[8])) for r in hits]
     shares: dict[int, float] = {}
+    own: set[int] | None = None
     if covering:
         contains = {int(r[1]): frozenset(present[p - 1] for p in r[9]) for r in hits if r[9]}
-        shares = _rank.coverage(contains, _rank.term_weights(total, df))
+        if coverage_weight > 0:
+            shares = _rank.coverage(contains, _rank.term_weights(total, df))
+        own = set(contains)  # the rows that say a query term themselves
     rows += [_candidate(r[1:], 0.0) for r in found if r[0] == 1]
-    return _rank.lexical_scores(rows, shares, coverage_weight, neighbours), rows
+    return _rank.lexical_scores(rows, shares, coverage_weight, neighbours, own), rows
 
 
 def _dense(

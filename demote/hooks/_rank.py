@@ -20,10 +20,11 @@ The steps, in order:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from demote.errors import EmbeddingError
 from demote.records import Recalled
 
 __all__ = [
@@ -32,11 +33,14 @@ __all__ = [
     "coverage",
     "fuse_rrf",
     "fit",
+    "favour",
+    "favour_entities",
     "favour_speakers",
     "fuse_weighted",
     "lexical_scores",
     "minmax",
     "named_speakers",
+    "rerank",
     "select",
     "term_weights",
 ]
@@ -104,12 +108,19 @@ def lexical_scores(
     shares: Mapping[int, float],
     coverage_weight: float,
     neighbours: float,
+    own: Collection[int] | None = None,
 ) -> dict[int, float]:
     """Each row's score by index: ``s(i) + neighbours * (q * s(i-1) + s(i+1) / 2)``.
 
     ``s = bm25 * (1 + coverage_weight * share)``; ``q`` is 2 when message ``i-1`` (among
     the rows) asks a question. A reply inherits from the turn it answers, and a turn gets
     half as much from its reply.
+
+    ``own`` holds the ids of the rows whose own text or context contains a query term.
+    When it is given, a row that is not one of them (found by its neighbours' text, or
+    fetched as a reply) ranks just below the best of its neighbours that is: lifted by
+    them, never above them, so a search for a word returns the message that says it
+    before the one next to it.
     """
     base: dict[int, float] = {}
     for row in rows:
@@ -117,9 +128,16 @@ def lexical_scores(
         base[row.index] = max(score, base.get(row.index, 0.0))
     asks = {row.index for row in rows if "?" in row.text}
     scores: dict[int, float] = {}
-    for index, own in base.items():
+    for index, mine in base.items():
         before = base.get(index - 1, 0.0) * (2.0 if index - 1 in asks else 1.0)
-        scores[index] = own + neighbours * (before + 0.5 * base.get(index + 1, 0.0))
+        scores[index] = mine + neighbours * (before + 0.5 * base.get(index + 1, 0.0))
+    if own is None:
+        return scores
+    saying = {row.index for row in rows if row.id in own}
+    for index in scores.keys() - saying:
+        lifting = [scores[j] for j in (index - 1, index + 1) if j in saying]
+        if lifting:
+            scores[index] = min(scores[index], max(lifting) * (1.0 - 1e-6))
     return scores
 
 
@@ -179,6 +197,75 @@ def favour_speakers(
     return {
         i: s * factor if i in rows and rows[i].speaker in speakers else s for i, s in scores.items()
     }
+
+
+def favour(scores: Mapping[int, float], chosen: Collection[int], weight: float) -> dict[int, float]:
+    """Scores of the messages at ``chosen`` multiplied by ``1 + weight`` (time, entities)."""
+    if not chosen or weight <= 0:
+        return dict(scores)
+    factor = 1.0 + weight
+    return {i: s * factor if i in chosen else s for i, s in scores.items()}
+
+
+def favour_entities(
+    scores: Mapping[int, float],
+    links: Mapping[str, frozenset[int]],
+    weight: float,
+    rare: int,
+) -> dict[int, float]:
+    """Messages linked to a name the query contains, lifted (and let in, for rare names).
+
+    Every linked message's score is multiplied by ``1 + weight``. The messages of a name
+    linked to at most ``rare`` messages join the scores even when they matched nothing:
+    at the lowest score among the candidates (before the lift), so they come after the
+    linked messages that matched and before the unlinked ones that barely did.
+    """
+    if not links or weight <= 0:
+        return dict(scores)
+    floor = min((s for s in scores.values() if s > 0), default=1.0)
+    out = dict(scores)
+    for indexes in links.values():
+        if len(indexes) <= rare:
+            for i in indexes:
+                out.setdefault(i, floor)
+    chosen = set().union(*links.values())
+    return favour(out, chosen, weight)
+
+
+def rerank(
+    scores: Mapping[int, float],
+    texts: Mapping[int, str],
+    reranker: Callable[[list[str]], Sequence[float]],
+    depth: int,
+    weight: float,
+) -> dict[int, float]:
+    """The ``depth`` best messages re-scored by ``reranker``, fused with their scores.
+
+    ``(1 - weight) * minmax(score) + weight * minmax(reranker)`` for the reranked ones,
+    which then all rank above the others (whose order stays).
+
+    Raises:
+        EmbeddingError: The reranker failed, or did not return one number per text.
+    """
+    top = [i for i in sorted(scores, key=lambda i: (-scores[i], i)) if i in texts][:depth]
+    if not top:
+        return dict(scores)
+    try:
+        found = list(reranker([texts[i] for i in top]))
+    except Exception as exc:
+        raise EmbeddingError(f"reranker: failed: {exc!r:.200}") from exc
+    if len(found) != len(top) or not all(
+        isinstance(x, int | float) and math.isfinite(x) for x in found
+    ):
+        raise EmbeddingError(
+            f"reranker: must return one finite number per text ({len(top)}), got {len(found)} items"
+        )
+    given = dict(zip(top, (float(x) for x in found), strict=True))
+    fused = fuse_weighted({i: scores[i] for i in top}, given, weight)
+    lift = 1.0 + max((scores[i] for i in scores if i not in fused), default=0.0)
+    out = {i: s for i, s in scores.items() if i not in fused}
+    out.update((i, lift + s) for i, s in fused.items())
+    return out
 
 
 def select(

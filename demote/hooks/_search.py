@@ -16,7 +16,15 @@ conversation) of the query's terms the message contains, and ``q`` is 2 when mes
 the whole query over one that repeats a word; the neighbour term lifts a reply whose
 question matched ("which team did you sign with?" / "The Minnesota Wolves!"). Each message
 is also indexed with its neighbours' text (the ``adjacent`` column, weighted low), so BM25
-itself finds a reply by its question's words.
+itself finds a reply by its question's words. A message that says no query term itself
+(found by that column, or fetched as a reply) ranks just below the neighbour that lifted
+it, so a search for a word returns the message that says it first.
+
+The optional methods (:class:`Methods`, all off by default) act on these scores: query
+decomposition merges the rankings of a question's sub-queries (:mod:`._decompose`), the
+entity index lifts and lets in the messages linked to a name the query contains
+(:mod:`._entities`, SQLite only), time awareness lifts the messages dated within the time
+it names (:mod:`._time`), and a user's reranker re-scores the best candidates.
 
 With vectors, the query's ``pool`` nearest messages by cosine are fused with the lexical
 scores: a weighted sum of min-max-normalised scores, or reciprocal-rank fusion. Then a
@@ -35,11 +43,22 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from demote.hooks import _args, _fts, _lexical, _rank, _vectors
+from demote.hooks import _args, _decompose, _entities, _fts, _lexical, _rank, _time, _vectors
 from demote.hooks._fts import query_terms
 from demote.records import Recalled
 
-__all__ = ["Dense", "Lexical", "Need", "Request", "RowsAt", "Searcher", "Speakers", "scope"]
+__all__ = [
+    "Dense",
+    "Entities",
+    "Lexical",
+    "Methods",
+    "Need",
+    "Request",
+    "RowsAt",
+    "Searcher",
+    "Speakers",
+    "scope",
+]
 
 
 def scope(conversation_id: str) -> str:
@@ -71,8 +90,40 @@ class RowsAt(NamedTuple):
     indexes: frozenset[int]
 
 
+class Entities(NamedTuple):
+    """Need: the messages linked to each known name among ``terms`` (``_entities.linked``)."""
+
+    terms: list[str]
+    speakers: list[str]
+
+
 #: What a search asks of the store it runs on (see :meth:`Searcher.flow`).
-Need = Speakers | Lexical | Dense | RowsAt
+Need = Speakers | Lexical | Dense | RowsAt | Entities
+
+
+#: ``reranker(query, texts) -> one score per text``, higher is better.
+Reranker = Callable[[str, list[str]], Sequence[float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Methods:
+    """The optional recall methods on top of the ranking (all off by default).
+
+    See :class:`~demote.hooks.archive.SQLiteArchive` for each option.
+    """
+
+    #: Lift of messages linked to a name the query contains (needs the entity index).
+    entity_weight: float = 0.0
+    #: A name linked to at most this many messages lets them all in as candidates.
+    entity_rare: int = 20
+    #: Lift of messages dated within the time the query names (:mod:`demote.hooks._time`).
+    time_weight: float = 0.0
+    #: Weight of the sub-queries' rankings (:mod:`demote.hooks._decompose`); 0: off.
+    decompose: float = 0.0
+    #: A user-supplied reranker of the best ``rerank_depth`` candidates, or ``None``.
+    reranker: Reranker | None = None
+    rerank_depth: int = 20
+    rerank_weight: float = 0.5
 
 
 class Request(NamedTuple):
@@ -95,6 +146,7 @@ class Searcher:
     dense_weight: float
     count: Callable[[str], int]
     stop_words: Collection[str]
+    methods: Methods = field(default_factory=Methods)
     stems: _fts.Stems = field(default_factory=_fts.Stems)
     vectors: _vectors.VectorIndex = field(default_factory=_vectors.VectorIndex)
 
@@ -130,23 +182,68 @@ class Searcher:
         (:meth:`lookup` for SQLite), so the ranking around them is written once.
         """
         terms, k, budget = request.terms, request.k, request.budget
-        after = self.ranking.after
+        after, methods = self.ranking.after, self.methods
         named: set[str] = set()
-        if self.speaker_weight > 0:
-            named = _rank.named_speakers(terms, (yield Speakers()))
+        speakers: list[str] = []
+        if self.speaker_weight > 0 or methods.decompose > 0 or methods.entity_weight > 0:
+            speakers = yield Speakers()
+            named = _rank.named_speakers(terms, speakers)
         scores: dict[int, float] = {}
         rows: list[_rank.Candidate] = []
         if terms:
             scores, rows = yield Lexical(terms, k)
+        parts = (
+            _decompose.parts(request.query, terms, named, self.stop_words)
+            if (methods.decompose > 0 and terms)
+            else []
+        )
+        ranked: list[dict[int, float]] = []
+        for part_terms, speaker in parts:
+            part, part_rows = yield Lexical(part_terms, k)
+            rows += part_rows
+            at = {r.index: r for r in part_rows}
+            ranked.append(_rank.favour_speakers(part, at, {speaker}, self.speaker_weight))
+        if ranked:
+            scores = _decompose.merge(scores, ranked, methods.decompose)
         if vector is not None:
             dense = yield Dense(vector, max(self.ranking.pool, k))
             scores = self.fuse(scores, dense)
+        links: dict[str, frozenset[int]] = {}
+        if methods.entity_weight > 0 and terms:
+            links = yield Entities(terms, speakers)
         by_index = {r.index: r for r in reversed(rows)}
-        wanted = {i + d for i in scores for d in range(after + 1)} - by_index.keys()
+        let_in = {i for ids in links.values() if len(ids) <= methods.entity_rare for i in ids}
+        wanted = {i + d for i in scores.keys() | let_in for d in range(after + 1)}
+        wanted -= by_index.keys()
         if wanted:
             by_index.update((r.index, r) for r in (yield RowsAt(frozenset(wanted))))
         scores = _rank.favour_speakers(scores, by_index, named, self.speaker_weight)
+        scores = _rank.favour_entities(scores, links, methods.entity_weight, methods.entity_rare)
+        if methods.time_weight > 0:
+            scores = self.favour_time(request.query, scores, by_index)
+        if methods.reranker is not None:
+            rerank = methods.reranker
+            texts = {i: r.text for i, r in by_index.items()}
+            scores = _rank.rerank(
+                scores,
+                texts,
+                lambda batch: rerank(request.query, batch),
+                methods.rerank_depth,
+                methods.rerank_weight,
+            )
         return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self.count)
+
+    def favour_time(
+        self, query: str, scores: dict[int, float], rows: dict[int, _rank.Candidate]
+    ) -> dict[int, float]:
+        """Lift the messages dated within the time ``query`` names (:mod:`._time`)."""
+        dates = {i: _time.message_date(r.context) for i, r in rows.items()}
+        known = [d for d in dates.values() if d is not None]
+        found = _time.span(query, max(known) if known else None)
+        if found is None:
+            return scores
+        chosen = {i for i, d in dates.items() if _time.within(d, found)}
+        return _rank.favour(scores, chosen, self.methods.time_weight)
 
     def lookup(
         self, db: sqlite3.Connection, request: Request, vector: Sequence[float] | None
@@ -174,6 +271,8 @@ class Searcher:
                 )
             elif isinstance(need, Dense):
                 reply = self.vectors.top(db, conversation_id, need.vector, need.n)
+            elif isinstance(need, Entities):
+                reply = _entities.linked(db, conversation_id, need.terms, need.speakers)
             else:
                 reply = _lexical.rows_at(db, conversation_id, need.indexes)
 

@@ -42,7 +42,18 @@ from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.embeddings import Embedder, as_embedder
 from demote.errors import ArgumentTypeError, StoreError
-from demote.hooks import _args, _erasure, _fts, _lexical, _options, _schema, _search, _vectors
+from demote.hooks import (
+    _args,
+    _entities,
+    _erasure,
+    _fts,
+    _lexical,
+    _options,
+    _schema,
+    _search,
+    _vectors,
+)
+from demote.hooks._search import Reranker
 from demote.records import DemotedMessage, Demotion, Recalled, storable_text
 from demote.state.base import validate_conversation_id
 from demote.tokens import Counter
@@ -57,7 +68,17 @@ ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
 
 #: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
 #: belongs to another program and is refused.
-_OWN_TABLES = ("messages", "conversations", "terms", "speakers", "vectors", "settings", "erased")
+_OWN_TABLES = (
+    "messages",
+    "conversations",
+    "terms",
+    "speakers",
+    "vectors",
+    "settings",
+    "erased",
+    "entities",
+    "entity_state",
+)
 
 
 class _Row(NamedTuple):
@@ -131,6 +152,24 @@ class SQLiteArchive(Closing):
             :data:`demote.hooks._fts.STOP_WORDS`, 189 common English function words
             and question words.
         timeout: Seconds to wait for a lock held by another connection.
+        entities: Keep the entity index (:mod:`demote.hooks._entities`): the names each
+            message uses, its he/she pronouns resolved to the last name used before
+            them, built when messages are archived (a file archived without it gains it
+            when opened). A question naming one of them lifts the messages linked to it
+            by ``1 + entity_weight``, and a name linked to few messages lets them in even
+            when they share no word with the question.
+        entity_weight: The lift of the entity index (used with ``entities=True``).
+        time_weight: When a question names a time ("in June", "last summer", "on 3 June,
+            2023"), the messages whose context date falls in it score ``1 +
+            time_weight`` times as much (:mod:`demote.hooks._time`); ``0`` turns it off.
+        decompose: Weight of the sub-queries of a question that names two speakers or
+            joins two asks (:mod:`demote.hooks._decompose`), merged with the whole
+            query's ranking; ``0`` (off) to ``1``.
+        reranker: ``reranker(query, texts) -> scores`` (a cross-encoder, any callable):
+            the best ``rerank_depth`` candidates are re-scored by it and fused with
+            weight ``rerank_weight``; it runs on the search path, once per search.
+        rerank_depth: How many candidates the reranker sees.
+        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
         read_only: Open an existing archive without ever writing it (``demote search``,
             ``demote inspect``): a file of an older schema is refused instead of migrated,
             and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
@@ -150,10 +189,10 @@ class SQLiteArchive(Closing):
         path: str | os.PathLike[str],
         *,
         context: ContextFn | None = None,
-        context_weight: float = 1.0,
-        adjacent_weight: float = 0.3,
+        context_weight: float = 0.5,
+        adjacent_weight: float = 0.8,
         coverage: float = 1.0,
-        neighbours: float = 0.4,
+        neighbours: float = 0.7,
         speaker_weight: float = 1.0,
         pool: int = 50,
         after: int = 0,
@@ -165,6 +204,13 @@ class SQLiteArchive(Closing):
         stop_words: Iterable[str] | None = None,
         timeout: float = 5.0,
         read_only: bool = False,
+        entities: bool = False,
+        entity_weight: float = 1.0,
+        time_weight: float = 0.0,
+        decompose: float = 0.0,
+        reranker: Reranker | None = None,
+        rerank_depth: int = 20,
+        rerank_weight: float = 0.5,
     ) -> None:
         target = file_path("path", path)
         timeout = seconds("timeout", timeout)
@@ -183,7 +229,16 @@ class SQLiteArchive(Closing):
             dense_weight=dense_weight,
             on_model_change=on_model_change,
             stop_words=stop_words,
+            entity_weight=entity_weight if entities else 0.0,
+            time_weight=time_weight,
+            decompose=decompose,
+            reranker=reranker,
+            rerank_depth=rerank_depth,
+            rerank_weight=rerank_weight,
         )
+        if not isinstance(entities, bool):
+            raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
+        self._entities = entities
         self._context = context
         self._embedder: Embedder | None = None
         if embeddings is not None:
@@ -228,6 +283,8 @@ class SQLiteArchive(Closing):
             if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
                 claim_kind(db, ARCHIVE)
             _schema.create_or_migrate(db)
+            if self._entities and _entities.create(db):
+                _entities.rebuild(db)  # a file archived without the index gains it now
             cleared = False
             if embedder is not None:
                 cleared = _vectors.check_model(db, embedder.name, dims, reembed)
@@ -349,6 +406,13 @@ class SQLiteArchive(Closing):
             _schema.refresh_adjacent(
                 db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
             )
+            if self._entities:
+                _entities.index(
+                    db,
+                    conversation_id,
+                    [(r.idx, r.text) for r in stored],
+                    _lexical.speakers(db, conversation_id),
+                )
 
     def _store_model(self, db: sqlite3.Connection, dims: int) -> None:
         """Refuse vectors of other dimensions than the stored ones; record the model."""

@@ -59,6 +59,7 @@ from demote.hooks import _args, _options, _pg_flows, _pg_schema, _pg_search, _ve
 from demote.hooks._pg_flows import Flow, Row, aexecute, execute
 from demote.hooks._pg_statements import Statements
 from demote.hooks._pg_text import index_words
+from demote.hooks._search import Reranker
 from demote.hooks.archive import ContextFn, _embedded
 from demote.records import DemotedMessage, Demotion, Recalled, storable_text
 from demote.state._codec import storable_id
@@ -162,6 +163,14 @@ class PostgresArchive(Closing):
             the database, else ``real[]``), ``"array"`` or ``"pgvector"``.
         stop_words: Lowercased words dropped from queries (default:
             :data:`demote.hooks._fts.STOP_WORDS`).
+        time_weight: Favour of the messages dated within the time a query names.
+        decompose: Weight of a query's sub-queries (per named speaker or clause).
+        reranker: ``reranker(query, texts) -> scores`` over the best ``rerank_depth``
+            candidates, fused with weight ``rerank_weight``. These five are the SQLite
+            archive's options, ranked by the same code (its entity index is SQLite's
+            only).
+        rerank_depth: How many candidates the reranker sees.
+        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
         read_only: Open an existing archive for reading only (what ``demote inspect``
             and ``demote search`` do): nothing is created or migrated, the connections
             refuse writes, and ``deliver``/``erase`` raise :class:`StoreError`.
@@ -192,10 +201,10 @@ class PostgresArchive(Closing):
         async_pool: Any = None,
         table: str = "demote_archive",
         context: ContextFn | None = None,
-        context_weight: float = 1.0,
-        adjacent_weight: float = 0.3,
+        context_weight: float = 0.5,
+        adjacent_weight: float = 0.8,
         coverage: float = 1.0,
-        neighbours: float = 0.4,
+        neighbours: float = 0.7,
         speaker_weight: float = 1.0,
         candidates: int = 50,
         after: int = 0,
@@ -206,6 +215,11 @@ class PostgresArchive(Closing):
         on_model_change: Literal["refuse", "reembed"] = "refuse",
         vectors: Literal["auto", "array", "pgvector"] = "auto",
         stop_words: Iterable[str] | None = None,
+        time_weight: float = 0.0,
+        decompose: float = 0.0,
+        reranker: Reranker | None = None,
+        rerank_depth: int = 20,
+        rerank_weight: float = 0.5,
         read_only: bool = False,
         timeout: float = 10.0,
         connect_timeout: float = 5.0,
@@ -230,6 +244,11 @@ class PostgresArchive(Closing):
             on_model_change=on_model_change,
             stop_words=stop_words,
             pool_name="candidates",
+            time_weight=time_weight,
+            decompose=decompose,
+            reranker=reranker,
+            rerank_depth=rerank_depth,
+            rerank_weight=rerank_weight,
         )
         _pg_schema.check_option(vectors)
         if context is not None and not callable(context):

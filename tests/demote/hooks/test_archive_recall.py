@@ -57,7 +57,7 @@ def test_own_stop_words_still_apply() -> None:
 
 def test_results_fit_the_token_budget_and_shorter_hits_fill_it() -> None:
     short = "A small garden."
-    with SQLiteArchive(":memory:", adjacent_weight=0) as archive:
+    with SQLiteArchive(":memory:", adjacent_weight=0, neighbours=0.4) as archive:
         archive.deliver(batch("c", LONG, *FILLER, short, "garden gnome", *FILLER))
         ranked = archive.search("c", "garden", k=10)
         assert ranked[0].text == LONG  # "garden" 150 times

@@ -273,7 +273,9 @@ def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int)
         questions = {c.index + 1 for c in candidates if "?" in c.text}
         have = {c.index for c in candidates}
         candidates += _lexical.rows_at(db, conversation_id, questions - have)
-    scores = _rank.lexical_scores(candidates, shares, coverage_weight, neighbours)
+    # A row that says no query term itself ranks below the neighbour that lifted it.
+    own = set(hits) if neighbours > 0 else None
+    scores = _rank.lexical_scores(candidates, shares, coverage_weight, neighbours, own)
     return _rank.select(scores, {c.index: c for c in reversed(candidates)}, k)
 
 
@@ -303,7 +305,8 @@ def test_below_the_budget_search_ranks_as_counting_everything_did(
 def test_past_the_budget_only_the_newest_matches_are_scored(tmp_path: Path) -> None:
     n = _lexical.MATCH_BUDGET + 100
     texts = ["weather weather weather report", *(f"the weather on day {i}" for i in range(n))]
-    with SQLiteArchive(tmp_path / "a.db", adjacent_weight=0) as archive:
+    # A weak neighbour lift: term frequency, not neighbouring matches, decides below.
+    with SQLiteArchive(tmp_path / "a.db", adjacent_weight=0, neighbours=0.4) as archive:
         archive.deliver(Demotion("c", tuple(msg("c", i, t) for i, t in enumerate(texts))))
         hits = archive.search("c", "weather", k=10)
         assert len(hits) == 10

@@ -1,0 +1,546 @@
+"""Recall tuned honestly: leave-one-conversation-out cross-validation on LoCoMo.
+
+Every tuned option of the archive's recall is chosen on four of the five conversations and
+scored on the fifth, once per held-out conversation (a *fold*); the figures reported are
+the mean and the worst held-out fold, never a score on a conversation that chose the
+options it was measured with.
+
+Protocol (the same as :mod:`bench.recall_locomo`): each conversation is replayed through a
+2,000-token window; a question (categories 1-4; 1 is multi-hop: its questions name 2.3 to
+3.6 evidence turns on average, the others about one) counts as retained when each of its
+evidence turns is in the window or among the recalled messages. A question's ranking is
+asked for once per option set (``k=100``, no budget) and every measure is read from it
+with the archive's own rule (:func:`demote.hooks._rank.fit`): top 5 and top 10, the top 5
+cut to 250 recalled tokens (the headline: ``search(..., k=5, budget_tokens=250)``), and
+whatever fits in 250, 500 or 1,000 tokens.
+
+Tuning is coordinate descent from the shipped defaults: each option in turn takes the
+value of its grid that scores best on the fold's training conversations (ties keep the
+current value), two passes. The objective is the headline measure, summed over the
+training questions. A method's own knobs (:data:`METHODS`) are tuned the same way on top
+of the base options each fold chose. The defaults shipped are, per option, the value most
+folds chose (ties: the one nearest the previous default); :func:`shipping` computes them.
+
+Caching: each conversation is replayed once into one archive file per index-time setup
+(the ``context=`` callable, the entity index); every option set after that is only
+searches. Rankings are memoised per option set across folds, so a fold costs only the
+option sets no earlier fold asked for. A full run takes a few minutes on 2 cores.
+
+Run ``python -m bench.recall_cv`` (``--quick``: the two shortest conversations, two values
+an option, one pass: a smoke test, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.recall_locomo import (
+    CATEGORIES,
+    Conversation,
+    conversations,
+    replay,
+    speaker_context,
+)
+from demote.hooks._rank import fit
+from demote.records import DemotedMessage, Recalled
+
+#: The rankings are read this deep: the archive's default pool, so the top 5 here is exactly
+#: what ``search(..., k=5)`` returns (the 1,000-token budget is read within these 50).
+DEPTH = 50
+WINDOW = 2000
+#: ``(name, k, budget)``: how each measure is read from a ranking.
+MEASURES: tuple[tuple[str, int, int | None], ...] = (
+    ("k=5", 5, None),
+    ("k=10", 10, None),
+    ("k=5, 250 tok", 5, 250),
+    ("250 tok", DEPTH, 250),
+    ("500 tok", DEPTH, 500),
+    ("1000 tok", DEPTH, 1000),
+)
+OBJECTIVE = "k=5, 250 tok"
+
+#: The base options and the values the descent may give them; the first is the default.
+BASE_GRID: dict[str, tuple[Any, ...]] = {
+    "context_weight": (0.5, 0.25, 1.0, 2.0),
+    "adjacent_weight": (0.8, 0.0, 0.3, 0.5, 1.2),
+    "coverage": (1.0, 0.5, 2.0),
+    "neighbours": (0.7, 0.4, 1.0),
+    "speaker_weight": (1.0, 0.0, 0.5, 2.0),
+}
+
+
+def _cost(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One conversation replayed into an archive file: the window and the questions."""
+
+    conv: Conversation
+    path: Path
+    window: frozenset[str]
+
+
+@dataclass
+class Variant:
+    """One setup: how the archive is built, and which options the descent tunes."""
+
+    label: str
+    #: Index-time options (a change means another replay); must be hashable by repr.
+    build: Mapping[str, Any]
+    #: Tuned options and their grids (the base grid, or a method's knobs on top of it).
+    grid: Mapping[str, tuple[Any, ...]]
+    #: Options fixed for this variant (not tuned).
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    #: Tune ``grid`` on top of the base options each fold chose (a method's knobs).
+    on_base: bool = False
+    #: Labels of earlier variants whose per-fold choices this one merges, untuned.
+    combine: tuple[str, ...] = ()
+
+
+Scores = dict[str, list[tuple[int, dict[str, bool]]]]  # conv -> [(category, measure->hit)]
+
+
+class Bench:
+    """Replays and rankings, cached; :meth:`score` evaluates one option set."""
+
+    def __init__(self, folder: Path, convs: Sequence[Conversation], make: Callable[..., Any]):
+        self.folder, self.convs, self.make = folder, list(convs), make
+        self._built: dict[str, dict[str, Prepared]] = {}
+        self._memo: dict[str, Scores] = {}
+        self.searches = 0
+        self.search_seconds = 0.0
+
+    def prepared(self, build: Mapping[str, Any]) -> dict[str, Prepared]:
+        key = repr(sorted(build.items()))
+        if key not in self._built:
+            out: dict[str, Prepared] = {}
+            for n, conv in enumerate(self.convs):
+                path = self.folder / f"b{len(self._built)}-{n}.db"
+                archive = self.make(path, build, {})
+                try:
+                    start = replay(conv, archive, WINDOW)
+                finally:
+                    archive.close()
+                out[conv.name] = Prepared(
+                    conv, path, frozenset(t.dia_id for t in conv.turns[start:])
+                )
+            self._built[key] = out
+        return self._built[key]
+
+    def score(self, build: Mapping[str, Any], options: Mapping[str, Any]) -> Scores:
+        key = repr((sorted(build.items()), sorted(options.items())))
+        if key in self._memo:
+            return self._memo[key]
+        result: Scores = {}
+        for name, prep in self.prepared(build).items():
+            archive = self.make(prep.path, build, options)
+            rows: list[tuple[int, dict[str, bool]]] = []
+            try:
+                turns = prep.conv.turns
+                for question, category, evidence in prep.conv.questions:
+                    missing = evidence - prep.window
+                    began = time.perf_counter()
+                    ranked = archive.search(name, question, DEPTH) if missing else []
+                    self.search_seconds += time.perf_counter() - began
+                    self.searches += 1
+                    rows.append((category, _measures(ranked, missing, turns)))
+            finally:
+                archive.close()
+            result[name] = rows
+        self._memo[key] = result
+        return result
+
+
+def _measures(
+    ranked: list[Recalled], missing: frozenset[str], turns: Sequence[Any]
+) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for name, k, budget in MEASURES:
+        # search(k, budget_tokens=b): best first, a hit that does not fit is skipped.
+        hits = (fit(ranked, budget, _cost) if budget is not None else ranked)[:k]
+        ids = {turns[h.index].dia_id for h in hits if h.index >= 0}
+        out[name] = not (missing - ids)
+    return out
+
+
+def rate(scores: Scores, names: Sequence[str], measure: str, category: int | None = None) -> float:
+    rows = [m for n in names for c, m in scores[n] if category is None or c == category]
+    return sum(m[measure] for m in rows) / len(rows) if rows else 0.0
+
+
+def hits(scores: Scores, names: Sequence[str], measure: str) -> int:
+    return sum(m[measure] for n in names for _, m in scores[n])
+
+
+def descend(
+    bench: Bench,
+    variant: Variant,
+    train: Sequence[str],
+    start: Mapping[str, Any],
+    passes: int = 2,
+) -> dict[str, Any]:
+    """Coordinate descent of ``variant.grid`` on the ``train`` conversations."""
+    current = {**start, **variant.fixed}
+    for name, values in variant.grid.items():
+        current.setdefault(name, values[0])
+    for _ in range(passes):
+        moved = False
+        for name, values in variant.grid.items():
+            best, best_hits = (
+                current[name],
+                hits(bench.score(variant.build, current), train, OBJECTIVE),
+            )
+            for value in values:
+                if value == current[name]:
+                    continue
+                trial = {**current, name: value}
+                found = hits(bench.score(variant.build, trial), train, OBJECTIVE)
+                if found > best_hits:
+                    best, best_hits = value, found
+            if best != current[name]:
+                current[name], moved = best, True
+        if not moved:
+            break
+    return current
+
+
+def cross_validate(
+    bench: Bench,
+    variant: Variant,
+    base: Mapping[str, dict[str, Any]] | None = None,
+    passes: int = 2,
+    merged: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Leave-one-conversation-out: per fold, the chosen options and the held-out scores."""
+    names = [c.name for c in bench.convs]
+    folds: dict[str, Any] = {}
+    for held in names:
+        train = [n for n in names if n != held]
+        start: dict[str, Any] = dict(base[held]) if (variant.on_base and base) else {}
+        if variant.combine:  # each fold's own choices of the methods merged (no new tuning)
+            for label in variant.combine:
+                start.update((merged or {})[label]["folds"][held]["options"])
+        chosen = descend(bench, variant, train, start, passes)
+        scores = bench.score(variant.build, chosen)
+        folds[held] = {
+            "options": chosen,
+            "train": rate(scores, train, OBJECTIVE),
+            "held_out": {
+                m: {
+                    "overall": rate(scores, [held], m),
+                    **{CATEGORIES[c]: rate(scores, [held], m, c) for c in CATEGORIES},
+                }
+                for m, _, _ in MEASURES
+            },
+            "questions": len(scores[held]),
+        }
+    return {"folds": folds, "summary": summarise(folds)}
+
+
+def summarise(folds: Mapping[str, Any]) -> dict[str, Any]:
+    """Mean (over folds, and pooled over questions) and worst fold of every measure."""
+    out: dict[str, Any] = {}
+    total = sum(f["questions"] for f in folds.values())
+    for m, _, _ in MEASURES:
+        values = [f["held_out"][m]["overall"] for f in folds.values()]
+        pooled = sum(f["held_out"][m]["overall"] * f["questions"] for f in folds.values()) / total
+        per_cat = {}
+        for c in CATEGORIES.values():
+            per_cat[c] = statistics.fmean(f["held_out"][m][c] for f in folds.values())
+        out[m] = {
+            "mean": statistics.fmean(values),
+            "worst": min(values),
+            "pooled": pooled,
+            **per_cat,
+        }
+    return out
+
+
+def shipping(folds: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Per option, the value most folds chose (ties: nearest the previous default)."""
+    chosen: dict[str, Any] = {}
+    for name in next(iter(folds.values()))["options"]:
+        votes: dict[Any, int] = {}
+        for fold in folds.values():
+            value = fold["options"][name]
+            votes[value] = votes.get(value, 0) + 1
+        top = max(votes.values())
+        tied = [v for v, n in votes.items() if n == top]
+        old = defaults.get(name)
+        if isinstance(old, int | float) and all(isinstance(v, int | float) for v in tied):
+            tied.sort(key=lambda v: abs(v - old))
+        chosen[name] = tied[0]
+    return chosen
+
+
+# -- the archive under test ------------------------------------------------------------
+
+
+def make_archive(path: Path, build: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    from demote.hooks.archive import SQLiteArchive
+
+    context = _CONTEXTS[build.get("context", "speaker/date")]
+    return SQLiteArchive(path, context=context, **{**dict(build.get("options", {})), **options})
+
+
+def _captioned(message: DemotedMessage) -> dict[str, str] | None:
+    found = speaker_context(message)
+    raw = message.raw
+    if found is not None and isinstance(raw, dict) and raw.get("caption"):
+        found["caption"] = str(raw["caption"])
+    return found
+
+
+_CONTEXTS: dict[str, Callable[[DemotedMessage], Any]] = {
+    "none": lambda m: None,
+    "speaker/date": speaker_context,
+    "speaker/date/caption": _captioned,
+}
+
+
+def variants() -> list[Variant]:
+    """Every setup measured: the base options, then each method on top of them."""
+    entities = {"options": {"entities": True}}
+    plain = {"coverage": 0.0, "neighbours": 0.0, "adjacent_weight": 0.0, "speaker_weight": 0.0}
+    return [
+        Variant("defaults + speaker/date context (base options tuned)", {}, BASE_GRID),
+        Variant("plain FTS5 BM25 + speaker/date context (nothing tuned)", {}, {}, plain),
+        Variant("+ entity index", entities, {"entity_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
+        Variant("+ time awareness", {}, {"time_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
+        Variant("+ query decomposition", {}, {"decompose": (0.8, 0.5, 1.0)}, on_base=True),
+        Variant(
+            "+ entities, time, decomposition (each as its row chose)",
+            entities,
+            {},
+            combine=("+ entity index", "+ time awareness", "+ query decomposition"),
+        ),
+        Variant(
+            "+ photo captions as keys (a captioning model's key expansion)",
+            {"context": "speaker/date/caption"},
+            {},
+            on_base=True,
+        ),
+    ]
+
+
+# -- latency ------------------------------------------------------------------------------
+
+SIZES = (2000, 20000)
+
+
+def fill(archive: Any, convs: Sequence[Conversation], size: int) -> list[tuple[str, str]]:
+    """Deliver ``size`` messages: the conversations replayed whole under distinct ids.
+
+    Returns ``(conversation id, question)`` pairs to time, each asked of its own copy.
+    """
+    from demote.records import Demotion, fingerprint, make_key
+
+    delivered, copy, asked = 0, 0, []
+    while delivered < size:
+        for conv in convs:
+            cid = f"{conv.name}#{copy}"
+            turns = conv.turns[: size - delivered]
+            for start in range(0, len(turns), 50):
+                batch = tuple(
+                    DemotedMessage(
+                        role=t.role,  # type: ignore[arg-type]
+                        text=t.text,
+                        index=j,
+                        key=make_key(cid, j, fingerprint(t.role, t.text)),
+                        raw={"speaker": t.speaker, "date": t.date, "caption": t.caption},
+                    )
+                    for j, t in enumerate(turns[start : start + 50], start=start)
+                )
+                archive.deliver(Demotion(cid, batch))
+            delivered += len(turns)
+            if len(turns) == len(conv.turns):
+                asked.extend((cid, q) for q, _, _ in conv.questions)
+            if delivered >= size:
+                break
+        copy += 1
+    return asked
+
+
+def latency(
+    folder: Path,
+    convs: Sequence[Conversation],
+    setups: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]],
+    sizes: Sequence[int] = SIZES,
+    queries: int = 300,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """p50 and p99 milliseconds of ``search(cid, question, k=5, budget_tokens=250)``.
+
+    ``setups`` maps a label to its ``(build, options)``; setups of one build share the
+    archive file of each size.
+    """
+    import random
+
+    files: dict[tuple[str, int], tuple[Path, list[tuple[str, str]]]] = {}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for label, (build, options) in setups.items():
+        out[label] = {}
+        for size in sizes:
+            key = (repr(sorted(build.items())), size)
+            if key not in files:
+                path = folder / f"latency-{len(files)}.db"
+                archive = make_archive(path, build, {})
+                try:
+                    asked = fill(archive, convs, size)
+                finally:
+                    archive.close()
+                random.Random(7).shuffle(asked)
+                files[key] = (path, asked[:queries])
+            path, asked = files[key]
+            archive = make_archive(path, build, options)
+            took: list[float] = []
+            try:
+                for cid, question in asked[:20]:  # warm the page cache
+                    archive.search(cid, question, 5, budget_tokens=250)
+                for cid, question in asked:
+                    began = time.perf_counter()
+                    archive.search(cid, question, 5, budget_tokens=250)
+                    took.append((time.perf_counter() - began) * 1000)
+            finally:
+                archive.close()
+            took.sort()
+            out[label][str(size)] = {
+                "p50": statistics.median(took),
+                "p99": took[min(len(took) - 1, int(0.99 * len(took)))],
+            }
+    return out
+
+
+def run(*, quick: bool, out: Path, quiet: bool) -> dict[str, Any]:
+    from bench.common import environment, write_json
+
+    began = time.perf_counter()
+    convs = list(conversations())
+    chosen_variants = variants()
+    if quick:  # the smoke test: two folds of the two shortest, two values an option
+        convs = sorted(convs, key=lambda c: len(c.turns))[:2]
+        base_grid = {name: values[:2] for name, values in BASE_GRID.items()}
+        chosen_variants = [
+            Variant(chosen_variants[0].label, {}, base_grid),
+            *(v for v in chosen_variants if v.label == "+ time awareness"),
+        ]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), convs, make_archive)
+        base_variant, *methods = chosen_variants
+        passes = 1 if quick else 2
+        base = cross_validate(bench, base_variant, passes=passes)
+        results[base_variant.label] = base
+        chosen = {held: f["options"] for held, f in base["folds"].items()}
+        if not quiet:
+            print(f"  {base_variant.label}: {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        for variant in methods:
+            results[variant.label] = cross_validate(bench, variant, chosen, passes, results)
+            if not quiet:
+                print(f"  {variant.label}: {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        searches, seconds = bench.searches, bench.search_seconds
+        shipped = shipping(base["folds"], {name: values[0] for name, values in BASE_GRID.items()})
+        timed = {}
+        for variant in [base_variant, *methods]:
+            folds = results[variant.label]["folds"]
+            extra = shipping(folds, {}) if variant.grid else {}
+            timed[variant.label] = (variant.build, {**shipped, **extra, **variant.fixed})
+        lat = latency(Path(tmp), convs, timed, (500,) if quick else SIZES, 30 if quick else 300)
+    defaults = {name: values[0] for name, values in BASE_GRID.items()}
+    payload = {
+        "section": "recall_cv",
+        "quick": quick,
+        "objective": OBJECTIVE,
+        "variants": results,
+        "shipped": shipping(base["folds"], defaults),
+        "latency_ms": lat,
+        "searches": searches,
+        "search_seconds": seconds,
+        "seconds": time.perf_counter() - began,
+        "environment": environment(),
+    }
+    write_json("recall_cv", payload, out)
+    return payload
+
+
+def report(payload: dict[str, Any]) -> str:
+    """The cross-validated tables (Markdown)."""
+    variants_ = payload["variants"]
+    folds = len(next(iter(variants_.values()))["folds"])
+    lines = [
+        "## 3b. LoCoMo recall, leave-one-conversation-out (held-out folds only)",
+        "",
+        f"% of questions whose evidence is kept, mean / worst of the {folds} held-out folds; "
+        f"tuned on the other four for: {payload['objective']}",
+        "",
+        "| setup | k=5 | k=10 | k=5 ≤250 tok | 250 tok | 500 tok | 1,000 tok |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, result in variants_.items():
+        s = result["summary"]
+        cells = [f"{s[m]['mean']:.1%} / {s[m]['worst']:.1%}" for m, _, _ in MEASURES]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for measure in (OBJECTIVE, "500 tok"):
+        lines += [
+            "",
+            f"| setup, {measure} (mean of folds) | " + " | ".join(CATEGORIES.values()) + " |",
+        ]
+        lines.append("|---|" + "---:|" * len(CATEGORIES))
+        for label, result in variants_.items():
+            row = result["summary"][measure]
+            lines.append(
+                f"| {label} | " + " | ".join(f"{row[c]:.1%}" for c in CATEGORIES.values()) + " |"
+            )
+    lat = payload.get("latency_ms", {})
+    if lat:
+        sizes = list(next(iter(lat.values())))
+        lines += [
+            "",
+            "| setup, search k=5 ≤250 tok, ms | "
+            + " | ".join(f"p50 / p99 at {int(n):,}" for n in sizes)
+            + " |",
+            "|---|" + "---:|" * len(sizes),
+        ]
+        for label, row in lat.items():
+            lines.append(
+                f"| {label} | "
+                + " | ".join(f"{row[n]['p50']:.1f} / {row[n]['p99']:.1f}" for n in sizes)
+                + " |"
+            )
+    lines += ["", "options chosen per fold (held-out conversation: options):"]
+    for label, result in variants_.items():
+        lines.append(f"- {label}:")
+        for held, fold in result["folds"].items():
+            lines.append(f"  - {held}: {json.dumps(fold['options'], sort_keys=True)}")
+    lines.append(f"\nshipped (mode of the folds): {json.dumps(payload['shipped'], sort_keys=True)}")
+    load = payload["environment"]["load_average"]
+    lines.append(
+        f"{payload['searches']} searches in {payload['search_seconds']:.0f} s; "
+        f"{payload['seconds']:.0f} s in all (load average {load:.1f})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    from bench.common import RESULTS
+
+    parser = argparse.ArgumentParser(prog="python -m bench.recall_cv")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(list(argv))
+    print(report(run(quick=args.quick, out=args.out, quiet=False)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
