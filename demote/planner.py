@@ -39,12 +39,13 @@ No I/O, no clocks, no locks: same input, same output.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from demote._groups import GroupIndex
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
+from demote._steps import cut, result_costs
+from demote._validate import count
+from demote.policy import SlidingWindow
 from demote.records import ConversationState, MessageRecord
 
 __all__ = ["Plan", "needed_from", "plan", "turn_groups"]
@@ -83,6 +84,10 @@ class Plan:
         overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned, the
             opener, the newest step after clipping) alone exceeds the limit; ``0`` when
             it fits.
+        needs: ``None``, unless the window starts inside a turn whose opener the records
+            given do not reach (a restart: no index, records from ``needed_from``): then
+            plan again with records from this index (``0``: where the opener is, is not
+            stored). Until then the plan has no ``opener``.
     """
 
     pinned: int
@@ -99,6 +104,7 @@ class Plan:
     clipped: tuple[int, ...] = ()
     deliver_to: int = 0
     overhang: int = 0
+    needs: int | None = None
 
     @property
     def deliver(self) -> range:
@@ -144,6 +150,8 @@ def plan(
     *,
     base: int = 0,
     index: GroupIndex | None = None,
+    reserved: int = 0,
+    pinned_tokens: int | None = None,
 ) -> Plan:
     """Plan the window for a history, from the previous state.
 
@@ -156,6 +164,12 @@ def plan(
         index: ``Plan.index`` of an earlier plan whose records are, unchanged, a prefix
             of this history: only the records appended since are read. The caller
             vouches for the records; an index that does not fit the state is ignored.
+        reserved: Tokens sent with every request outside the messages (a system prompt
+            and tool definitions a middleware adds): they count toward a token limit.
+        pinned_tokens: Tokens of the pinned system messages, for a token window whose
+            records start after them (``base > 0``) and whose index is not given (a
+            restart). Otherwise counted from the records or carried by the index; when
+            unknown, they count ``0``.
 
     Returns:
         The plan; ``plan.rewritten`` when the history does not match ``state``.
@@ -163,58 +177,90 @@ def plan(
     end = base + len(records)
     if base > needed_from(state):
         raise ValueError(f"records start at {base}, the plan needs {needed_from(state)}")
+    if reserved:
+        count("reserved", reserved, minimum=0)
 
     # 1. Pinned system messages: recounted until something has been demoted.
     pinned = state.pinned
-    if state.window_start <= state.pinned:
+    fresh = state.window_start <= state.pinned  # nothing demoted yet
+    if fresh:
         pinned = 0
         if policy.pin_system:
             while pinned < end and records[pinned - base].role == "system":
                 pinned += 1
     # Nothing demoted yet: the window starts right after the pinned messages, wherever
     # they end now (a system message removed from the head moves it back).
-    start = pinned if state.window_start <= state.pinned else state.window_start
+    start = pinned if fresh else state.window_start
 
     # 2. Does the history still match the state?
     if end < state.window_start or (
-        state.window_start > state.pinned
-        and records[state.window_start - 1 - base].fingerprint != state.anchor
+        not fresh and records[state.window_start - 1 - base].fingerprint != state.anchor
     ):
         return Plan(pinned, start, end, state.delivered, rewritten=True)
 
-    # 3. Turn groups of the window region (only what was appended, given an index).
+    # 3. Groups and steps of the window region (only what was appended, given an index).
+    costs = result_costs(policy)
     groups = None
-    if index is not None and base <= index.end <= end:
+    if index is not None and index.costs == costs and base <= index.end <= end:
         groups = index.update(start, records, base=base)
+        if groups is not None and not fresh and _lacks_opener(groups):
+            groups = None  # built from records that did not reach it: look again
+    needs: int | None = None
     if groups is None:
-        groups = GroupIndex.build(records, start, base=base)
+        opener: int | None = None
+        opener_tokens = 0
+        if not fresh and start < end and records[start - base].role != "user":
+            # The window starts inside a turn: its opener lies before the region.
+            opener = _opener(records, base, start)
+            if opener is None:
+                needs = 0 if base > 0 else None
+            else:
+                opener_tokens = costs.cost(records[opener - base])
+        groups = GroupIndex.build(
+            records, start, base=base, costs=costs, opener=opener, opener_tokens=opener_tokens
+        )
+    if pinned_tokens is None:
+        if base == 0:
+            pinned_tokens = sum(records[i].tokens for i in range(pinned)) if pinned else 0
+        else:
+            pinned_tokens = groups.pinned_tokens
+    if pinned_tokens is not None and groups.pinned_tokens != pinned_tokens:
+        groups = replace(groups, pinned_tokens=pinned_tokens)
 
-    # 4. The strategy's cut, by bisection over the cumulative sizes.
-    cum, top = groups.cumulative(policy.unit)
-    last = len(groups.starts) - 1
-    total = top - cum[0] if last >= 0 else 0
-    limit = policy.limit
-    eviction = policy.eviction
-    dropped = 0
-    compact: tuple[int, int] | None = None
-    if isinstance(eviction, PerItem):
-        if total > limit:
-            dropped = min(bisect_left(cum, top - limit), last)
-    elif isinstance(eviction, Bulk):
-        if total > limit + eviction.overflow:
-            dropped = min(bisect_left(cum, top - limit), last)
-    elif isinstance(eviction, Compact):
-        k = eviction.compact_count
-        if total > limit + 2 * k:
-            dropped = min(bisect_left(cum, top - limit), last)
-        elif total > limit + k:
-            covered = min(bisect_left(cum, cum[0] + k), last)
-            if covered:
-                compact = (start, groups.starts[covered])
-    new_start = start
-    if dropped:
-        new_start = groups.starts[dropped]
-        total = top - cum[dropped]
-    fresh = state.window_start <= state.pinned  # nothing demoted yet
-    deliver_from = pinned if fresh else max(state.delivered, pinned)
-    return Plan(pinned, new_start, end, deliver_from, compact, total, False, groups)
+    # 4. Clearing, then the strategy's cut, by bisection over the cumulative sizes.
+    fixed = (pinned_tokens or 0) + reserved
+    c = cut(policy, groups, fixed, state.cleared)
+    # Nothing demoted: what was delivered is the pinned head (recounted), unless clearing
+    # had results in the window delivered ahead of it.
+    ahead = state.delivered > state.window_start
+    deliver_from = pinned if fresh and not ahead else max(state.delivered, pinned)
+    return Plan(
+        pinned,
+        c.window_start,
+        end,
+        deliver_from,
+        c.compact,
+        c.size,
+        False,
+        groups,
+        c.opener,
+        c.cleared,
+        c.placeholders,
+        c.clipped,
+        c.deliver_to,
+        c.overhang,
+        needs,
+    )
+
+
+def _lacks_opener(groups: GroupIndex) -> bool:
+    return groups.start < groups.end and not groups.lead_user and groups.opener is None
+
+
+def _opener(records: Sequence[MessageRecord], base: int, start: int) -> int | None:
+    """The opening user message of the turn ``start`` is inside, if ``records`` reach it."""
+    if start <= base:
+        return None
+    starts = turn_groups(records[: start - base])
+    first = starts[-1]
+    return base + first if records[first].role == "user" else None
