@@ -79,6 +79,8 @@ class GroupIndex:
         opener: When the region starts inside a turn, that turn's opening user message
             (before ``start``), if known; ``opener_tokens`` is its cost.
         opener_tokens: See ``opener``.
+        openerless: The region starts inside a turn that has no opening user message at
+            all (looked for from the start of the history): nothing to look for again.
         pinned_tokens: Tokens of the pinned system messages, when the planner knew them.
     """
 
@@ -101,6 +103,7 @@ class GroupIndex:
     lead_user: bool = False
     opener: int | None = None
     opener_tokens: int = 0
+    openerless: bool = False
     pinned_tokens: int | None = None
 
     @classmethod
@@ -113,13 +116,21 @@ class GroupIndex:
         costs: ResultCosts = _NO_COSTS,
         opener: int | None = None,
         opener_tokens: int = 0,
+        openerless: bool = False,
     ) -> GroupIndex:
         """The index of ``[start, base + len(records))``; ``records[0]`` is at ``base``.
 
         ``opener`` (and its cost) is the opening user message of the turn ``start`` is
-        inside, when it is inside one.
+        inside, when it is inside one; ``openerless`` that the turn has none.
         """
-        empty = cls(start, start, costs=costs, opener=opener, opener_tokens=opener_tokens)
+        empty = cls(
+            start,
+            start,
+            costs=costs,
+            opener=opener,
+            opener_tokens=opener_tokens,
+            openerless=openerless,
+        )
         index = empty.update(start, records, base=base)
         assert index is not None
         return index
@@ -183,6 +194,7 @@ class GroupIndex:
                 savings=self.savings,
                 opener=opener,
                 opener_tokens=opener_tokens,
+                openerless=self.openerless and opener is None,
                 pinned_tokens=self.pinned_tokens,
             )
         cuts = self.cuts
@@ -192,12 +204,13 @@ class GroupIndex:
         g = self.group_of(start)
         starts, tokens_at, heads = self.starts, self.tokens_at, self.heads
         if starts[g] == start:  # a group start after the first: a user message
-            lead_user = True
+            lead_user, openerless = True, False
             opener, opener_tokens = None, 0
             starts, tokens_at, heads = starts[g:], tokens_at[g:], heads[g:]
         else:  # a step inside group g: its opener stays in front
             lead_user = False
             opener, opener_tokens = self.opener_of(g)
+            openerless = self.openerless and opener is None
             starts = (start, *starts[g + 1 :])
             tokens_at = (self.cuts_at[j], *tokens_at[g + 1 :])
             heads = (0, *heads[g + 1 :])
@@ -230,6 +243,7 @@ class GroupIndex:
             lead_user,
             opener,
             opener_tokens,
+            openerless,
             self.pinned_tokens,
         )
 
@@ -251,6 +265,7 @@ class GroupIndex:
         clip_pos: list[int] = []
         tokens, tools, savings = self.tokens, self.tool_tokens, self.savings
         opener, opener_tokens = self.opener, self.opener_tokens
+        openerless = self.openerless
         mutable: dict[str, tuple[int, ...]] | None = None  # copy-on-write of ``calls``
         for i in range(self.end, base + len(records)):
             rec = records[i - base]
@@ -260,7 +275,7 @@ class GroupIndex:
             if first:
                 lead_user = role == "user"
                 if lead_user:
-                    opener, opener_tokens = None, 0
+                    opener, opener_tokens, openerless = None, 0, False
             if role == "user" or first:
                 g_new.append(i)
                 g_at.append(tokens)
@@ -323,6 +338,7 @@ class GroupIndex:
             lead_user,
             opener,
             opener_tokens,
+            openerless,
             self.pinned_tokens,
         )
 

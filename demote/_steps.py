@@ -195,7 +195,7 @@ def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> C
     lo = bisect_left(idx.clear_pos, pos)
     placeholders = idx.clear_pos[lo : bisect_left(idx.clear_pos, watermark, lo)]
     clips = idx.clip_pos[bisect_left(idx.clip_pos, pos) :]
-    if placeholders and clips and clips[0] < placeholders[-1]:
+    if placeholders and clips and clips[0] <= placeholders[-1]:
         shown = set(placeholders)
         clips = tuple(i for i in clips if i not in shown)
     deliver_to = max(

@@ -209,15 +209,24 @@ def plan(
     if groups is None:
         opener: int | None = None
         opener_tokens = 0
+        openerless = False
         if not fresh and start < end and records[start - base].role != "user":
             # The window starts inside a turn: its opener lies before the region.
             opener = _opener(records, base, start)
-            if opener is None:
-                needs = 0 if base > 0 else None
-            else:
+            if opener is not None:
                 opener_tokens = costs.cost(records[opener - base])
+            elif base > 0:
+                needs = 0
+            else:
+                openerless = True  # the history has no user message to open this turn
         groups = GroupIndex.build(
-            records, start, base=base, costs=costs, opener=opener, opener_tokens=opener_tokens
+            records,
+            start,
+            base=base,
+            costs=costs,
+            opener=opener,
+            opener_tokens=opener_tokens,
+            openerless=openerless,
         )
     if pinned_tokens is None:
         if base == 0:
@@ -254,7 +263,12 @@ def plan(
 
 
 def _lacks_opener(groups: GroupIndex) -> bool:
-    return groups.start < groups.end and not groups.lead_user and groups.opener is None
+    return (
+        groups.start < groups.end
+        and not groups.lead_user
+        and groups.opener is None
+        and not groups.openerless
+    )
 
 
 def _opener(records: Sequence[MessageRecord], base: int, start: int) -> int | None:

@@ -393,7 +393,8 @@ def reference_plan(
     if start >= end:
         fixed = sum(r.tokens for r in records[:pinned]) + reserved
         size = fixed if policy.unit == "tokens" else 0
-        return Reference(pinned, start, None, size, None, state.cleared, (), (), start, 0)
+        over = max(0, size - policy.limit)
+        return Reference(pinned, start, None, size, None, state.cleared, (), (), start, over)
     costs = [_shown_cost(policy, r) for r in records]
     groups = turn_groups(records, start)
     cuts = cut_points(records, start)
