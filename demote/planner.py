@@ -10,26 +10,60 @@ messages from ``needed_from(state)`` to the end: the tail of what was demoted, t
 window and whatever was appended since. Nothing before that is read, so the cost of a call
 follows the window, not the history.
 
-Inside that range the planner cuts turn groups: a group starts at a user message, unless a
-tool call opened before that message is answered at or after it (then the message belongs
-to the running group, so a call and its results are never split, parallel calls included).
-The eviction strategy then moves the window start forward over whole groups:
+Inside that range the planner cuts turn groups and steps (:mod:`demote._groups`): a group
+starts at a user message, unless a tool call opened before that message is answered at or
+after it; a step starts at an assistant message under the same rule, so a call and all of
+its results (parallel calls included) are one step, and a call left unanswered at the end
+of the history by an interrupt stays with its step. A window starts at a group start, or,
+when the newest (running) group alone is over the limit, at a step start inside it: then
+the turn's opening user message, the *opener*, is shown in front of the kept steps
+(``Plan.opener``; it is before ``window_start``, so it is delivered too). Every window is
+therefore pinned system messages, the summary, maybe the opener, then whole steps: no
+result without its call, no call without its results, a user message first. A turn with
+no user message at all (a history that starts with an assistant or tool message) has no
+opener; its steps are cut the same way and the window starts with the assistant message
+of its first kept step (``Plan.opener`` is ``None``).
 
-- ``PerItem``: while the window is over the limit, drop its oldest group.
-- ``Bulk(overflow)``: only when the window is over ``limit + overflow``, drop oldest groups
-  until it is within ``limit``. Between cuts the start stays put (a stable prompt prefix).
-- ``Compact(k)``: over ``limit + k``, mark the oldest groups worth at least ``k`` units as
-  pending compaction (the engine summarizes them); over ``limit + 2k``, fall back to bulk.
+Each message counts what the model is sent (:class:`~demote.clearing.ResultCosts`): a
+tool result over ``max_result_tokens`` (default: half a token limit) counts as its head
+and a placeholder (``Plan.clipped``). In a token window the pinned system messages and
+``reserved`` (a system prompt and tools sent outside the messages) count toward the limit;
+the messages unit counts messages (the opener is one), the turns unit counts turns (a turn
+cut inside still counts as one, so a turns window never cuts inside a turn).
 
-The newest group is never dropped, so a single group larger than the limit stays whole.
+Stage 1, clearing (``policy.clearing``): once the tool results shown in the window pass
+``trigger`` tokens, the clearing watermark (``Plan.cleared``, never below the state's)
+moves over the oldest clearable results, never the newest ``keep`` nor an excluded tool,
+at least ``clear_at_least`` tokens at a time. Results before the watermark are shown as
+placeholders (``Plan.placeholders``); their content must reach the hook first, so
+``Plan.deliver_to`` covers every placeholder and clipped result (delivery is a prefix, so
+``delivered`` may run ahead of ``window_start``).
 
-Groups are kept in a :class:`~demote._groups.GroupIndex` over the window region: the group
-starts and the cumulative sizes at each start, plus the tool calls opened in the region.
-A plan returns it (``Plan.index``); handed back to the next plan of the same, grown history,
-only the appended records are read and the front groups a new window start dropped are
-sliced off, so a steady-state load costs what was appended, not the window. Every cut is a
-bisection over the cumulative sizes. Without an index (first load, restart, rewrite) one is
-built over the region in one pass; both ways give the same plan.
+Stage 2, eviction, only on what clearing left: the candidate starts are the group starts,
+then the step starts of the newest group; the window size never grows from one candidate
+to the next, so every cut is a bisection over the index's cumulative sums:
+
+- ``PerItem``: while the window is over the limit, drop its oldest group (or step).
+- ``Bulk(overflow)``: only when the window is over ``limit + overflow``, cut back to
+  ``limit``. Between cuts the start stays put (a stable prompt prefix).
+- ``Compact(k)``: over ``limit + k``, mark the oldest whole groups worth at least ``k``
+  units (in a lone running turn, its oldest steps after the opener) as pending compaction
+  (``Plan.compact``; the engine summarizes them); over ``limit + 2k``, fall back to bulk.
+
+What cannot be cut (pinned, the opener, the newest step after clipping) may alone exceed
+the limit: ``Plan.overhang`` says by how much, so the caller can act. Anything else is
+within the limit (+ overflow, + 2k).
+
+The index over the window region (a :class:`~demote._groups.GroupIndex`: group starts,
+step starts, cumulative sizes and clearing sums, the tool calls opened in the region, the
+opener of a region that starts inside a turn) is returned as ``Plan.index``; handed back to
+the next plan of the same, grown history, only the appended records are read and the front
+a new window start dropped is sliced off, so a steady-state load costs what was appended,
+not the window or the turn. Without an index (first load, restart, rewrite) one is built
+over the region in one pass; both ways give the same plan. One exception: after a restart,
+the opener of a turn the window starts inside lies before ``needed_from(state)`` (the state
+does not store it); such a plan sets ``Plan.needs`` and the caller plans again with records
+from that index.
 The window start never moves backwards; a history that no longer matches the state (shorter
 than the window start, or a different message just before it) is reported as rewritten
 and the caller re-plans from a fresh state.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -119,27 +120,27 @@ def check_index(index: GroupIndex, records: Sequence[MessageRecord], policy: Sli
     assert list(index.cuts) == cut_points(records, start)
     cost = [costs.cost(r) for r in records]
     ends = [*starts[1:], end]
-    assert [b - a for a, b in zip(index.tokens_at, [*index.tokens_at[1:], index.tokens])] == [
-        sum(cost[s:e]) for s, e in zip(starts, ends, strict=True)
-    ]
+    assert [
+        b - a for a, b in zip(index.tokens_at, [*index.tokens_at[1:], index.tokens], strict=True)
+    ] == [sum(cost[s:e]) for s, e in zip(starts, ends, strict=True)]
     cuts = list(index.cuts)
     cut_ends = [*cuts[1:], end]
     spans = zip(cuts, cut_ends, strict=True)
-    assert [b - a for a, b in zip(index.cuts_at, [*index.cuts_at[1:], index.tokens])] == [
-        sum(cost[s:e]) for s, e in spans
-    ]
+    assert [
+        b - a for a, b in zip(index.cuts_at, [*index.cuts_at[1:], index.tokens], strict=True)
+    ] == [sum(cost[s:e]) for s, e in spans]
     tools = [c if r.role == "tool" else 0 for c, r in zip(cost, records, strict=True)]
     spans = zip(cuts, cut_ends, strict=True)
-    assert [b - a for a, b in zip(index.tools_at, [*index.tools_at[1:], index.tool_tokens])] == [
-        sum(tools[s:e]) for s, e in spans
-    ]
+    assert [
+        b - a for a, b in zip(index.tools_at, [*index.tools_at[1:], index.tool_tokens], strict=True)
+    ] == [sum(tools[s:e]) for s, e in spans]
     heads = [cost[g] if records[g].role == "user" else 0 for g in starts]
     assert list(index.heads) == heads
     assert index.lead_user == (records[start].role == "user")
     saving = {i: costs.saving(records[i], cost[i]) for i in range(start, end)}
     assert list(index.clear_pos) == [i for i, v in saving.items() if v]
     saved = [index.saved_before(i) for i in range(start, end + 1)]
-    assert [b - a for a, b in zip(saved, saved[1:])] == [saving[i] for i in range(start, end)]
+    assert [b - a for a, b in pairwise(saved)] == [saving[i] for i in range(start, end)]
     assert list(index.clip_pos) == [i for i in range(start, end) if costs.clipped(records[i])]
     opened: dict[str, list[int]] = {}
     for i in range(start, end):
