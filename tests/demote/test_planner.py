@@ -170,7 +170,7 @@ def test_bound_holds_but_for_the_reported_overhang(r: Replay) -> None:
             if r.policy.unit == "turns":
                 assert len(turn_groups(window)) == 1
             else:
-                assert inner == [p.window_start], "more than one step left"
+                assert inner in ([], [p.window_start]), "more than one step left"
 
 
 @SETTINGS
