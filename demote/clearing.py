@@ -6,14 +6,33 @@ placeholder instead of the content. The placeholder names the archived key, so t
 can get the content back with the recall tool, and it is never longer than
 :data:`PLACEHOLDER_TOKENS` under the approximate counter, which is what the planner counts
 a cleared result as.
+
+:class:`ResultCosts` is how the planner counts a message once clearing and clipping apply:
+a tool result over ``clip_over`` tokens counts as its head plus a placeholder, and a
+clearable result (a tool result of a tool not excluded, counted above a placeholder) would
+save ``cost - PLACEHOLDER_TOKENS`` if it were cleared. Both depend on the record alone, so
+what a window shows is stable from one load to the next.
 """
 
 from __future__ import annotations
 
-__all__ = ["PLACEHOLDER_TOKENS", "clipped_text", "placeholder_text"]
+from dataclasses import dataclass
+
+from demote.records import MessageRecord
+
+__all__ = [
+    "DEFAULT_HEAD_TOKENS",
+    "PLACEHOLDER_TOKENS",
+    "ResultCosts",
+    "clipped_text",
+    "placeholder_text",
+]
 
 #: What the planner counts a placeholder as (tokens), whatever the tool.
 PLACEHOLDER_TOKENS = 48
+
+#: How much of a clipped result's head the model is sent, by default (tokens).
+DEFAULT_HEAD_TOKENS = 200
 
 _MAX_TOOL = 40
 
@@ -53,3 +72,48 @@ def clipped_text(text: str, head_chars: int, key: str, tool: str | None, tokens:
         f"{head}\n[{_tool(tool)} result clipped: {tokens} tokens in full, archived as key "
         f"{key}; fetch it with the recall tool for the rest]"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCosts:
+    """How a window counts each message once clipping and clearing apply (tokens).
+
+    Attributes:
+        clip_over: A tool result counted over this many tokens is sent as its head and a
+            placeholder (``None``: never clipped).
+        head_tokens: The head of a clipped result; it counts ``head_tokens +
+            PLACEHOLDER_TOKENS`` (a result no larger than that is never clipped).
+        clearing: Whether results may be cleared at all.
+        exclude: Tools whose results are never cleared.
+    """
+
+    clip_over: int | None = None
+    head_tokens: int = DEFAULT_HEAD_TOKENS
+    clearing: bool = False
+    exclude: frozenset[str] = frozenset()
+
+    def cost(self, rec: MessageRecord) -> int:
+        """What ``rec`` counts in the window before any clearing."""
+        if (
+            self.clip_over is not None
+            and rec.role == "tool"
+            and rec.tokens > self.clip_over
+            and rec.tokens > self.head_tokens + PLACEHOLDER_TOKENS
+        ):
+            return self.head_tokens + PLACEHOLDER_TOKENS
+        return rec.tokens
+
+    def clipped(self, rec: MessageRecord) -> bool:
+        """Is ``rec`` sent as its head and a placeholder (when not cleared)?"""
+        return rec.role == "tool" and self.cost(rec) != rec.tokens
+
+    def saving(self, rec: MessageRecord, cost: int) -> int:
+        """Tokens clearing ``rec`` (counted ``cost``) would save; ``0``: not clearable."""
+        if (
+            not self.clearing
+            or rec.role != "tool"
+            or cost <= PLACEHOLDER_TOKENS
+            or (rec.tool is not None and rec.tool in self.exclude)
+        ):
+            return 0
+        return cost - PLACEHOLDER_TOKENS

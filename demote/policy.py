@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from demote._validate import MAX_COUNT
+from demote.clearing import DEFAULT_HEAD_TOKENS
 from demote.errors import ConfigError
 from demote.tokens import counter_name, resolve_counter
 
@@ -115,7 +116,9 @@ class ClearToolResults(_Model):
     Once the tool results in the window pass ``trigger`` tokens, the oldest are sent to
     the model as a short placeholder that names the archived key (their content reaches
     the hook first, exactly once). Call ids and structure stay; the inner store is never
-    touched. Counted in tokens whatever the window's unit.
+    touched. Counted in tokens whatever the window's unit. Only results counted above
+    :data:`~demote.clearing.PLACEHOLDER_TOKENS` are cleared (a placeholder would not be
+    smaller), and ``keep`` counts those.
 
     Attributes:
         trigger: Tokens of tool results in the window before clearing starts.
@@ -135,11 +138,11 @@ class ClearToolResults(_Model):
     exclude: tuple[str, ...] = ()
     clear_at_least: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = 0
     max_result_tokens: Annotated[int, Field(gt=0, le=MAX_COUNT, strict=True)] | None = None
-    head_tokens: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = 200
+    head_tokens: Annotated[int, Field(ge=0, le=MAX_COUNT, strict=True)] = DEFAULT_HEAD_TOKENS
 
 
 class SlidingWindow(_Model):
-    """A window counted in messages, turn groups or tokens, with an eviction strategy.
+    """A window counted in messages, turns or tokens, with an eviction strategy.
 
     Attributes:
         unit: ``messages``, ``turns`` (turn groups) or ``tokens``.
@@ -154,8 +157,11 @@ class SlidingWindow(_Model):
             ``None`` (no clearing; oversized single results are still clipped in a
             token window).
 
-    A single turn group larger than the whole limit is kept whole, as the newest group,
-    rather than cut in the middle of a tool exchange.
+    When the newest turn alone is over the limit (an agent's long request), the window
+    starts at a step boundary inside it and keeps the turn's opening user message in
+    front; a call is never split from its results. Only the pinned messages, that opener
+    and the newest step may exceed the limit (the plan reports it as ``overhang``). In a
+    token window the pinned system messages count toward the limit.
     """
 
     unit: Unit

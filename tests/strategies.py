@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from demote.planner import Plan, turn_groups
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
+from demote.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord, fingerprint
 from demote.tokens import MESSAGE_OVERHEAD, approximate_tokens
 
@@ -30,13 +30,15 @@ class Msg:
     text: str
     opens: tuple[str, ...] = ()
     answers: str | None = None
+    tool: str | None = None
 
     def same(self, other: Msg) -> bool:
-        return (self.role, self.text, self.opens, self.answers) == (
+        return (self.role, self.text, self.opens, self.answers, self.tool) == (
             other.role,
             other.text,
             other.opens,
             other.answers,
+            other.tool,
         )
 
 
@@ -44,7 +46,7 @@ def record_of(msg: Msg) -> MessageRecord:
     """The planner's record of ``msg`` under the default approximate counter."""
     fp = fingerprint(msg.role, msg.text, msg.opens, msg.answers)
     tokens = approximate_tokens(msg.text) + MESSAGE_OVERHEAD
-    return MessageRecord(msg.role, msg.text, fp, tokens, msg.opens, msg.answers)  # type: ignore[arg-type]
+    return MessageRecord(msg.role, msg.text, fp, tokens, msg.opens, msg.answers, msg.tool)  # type: ignore[arg-type]
 
 
 def describer(demoter: Any) -> Callable[[Msg], MessageRecord]:
@@ -156,16 +158,21 @@ def advance(
 ) -> ConversationState:
     """The state the engine commits after a successful delivery of ``p`` (its ``_advance``).
 
+    The hook took ``p.deliver``, cleared and clipped results included, so the watermark
+    moves to its end and the clearing watermark is committed.
+
     ``records`` are the whole history from index 0.
     """
     anchor = records[p.window_start - 1].fingerprint if p.window_start > p.pinned else None
     fresh = state.window_start <= state.pinned  # nothing demoted before
+    to = max(p.window_start, p.deliver_to)
     return replace(
         state,
         window_start=p.window_start,
-        delivered=p.window_start if fresh else max(state.delivered, p.window_start),
+        delivered=to if fresh else max(state.delivered, to),
         pinned=p.pinned,
         anchor=anchor,
+        cleared=max(state.cleared, p.cleared),
     )
 
 
@@ -195,3 +202,353 @@ def within_bound(policy: SlidingWindow, recs: Sequence[MessageRecord]) -> bool:
     """Does a window obey the policy's bound (or hold one group too big to cut)?"""
     size, groups = sizes(policy, recs)
     return size <= policy.limit + slack(policy) or groups <= 1
+
+
+# -- agents: long turns of tool steps, clearing policies, and a two-pass oracle --------------
+
+TOOLS = ("search", "read_file", "shell", "memory")
+
+#: Tool result lengths (characters): small, medium, and over a clipping threshold.
+_RESULT_CHARS = st.sampled_from([0, 20, 90, 250, 700, 1300]).flatmap(
+    lambda n: st.integers(n, n + 60)
+)
+
+
+@st.composite
+def agent_turn(draw: st.DrawFn, calls: itertools.count[int], *, max_steps: int = 8) -> list[Msg]:
+    """One request to an agent: the user's task, then steps (calls and their results).
+
+    A step is an assistant message and the results of its calls (none to three, parallel
+    calls answered in any order; some tools fail). The turn may end with a plain answer.
+    """
+    out = [Msg("user", "task " + draw(texts))]
+    for _ in range(draw(st.integers(0, max_steps))):
+        k = draw(st.integers(0, 3))
+        if k == 0:
+            out.append(Msg("assistant", "note " + draw(texts)))
+            continue
+        ids = tuple(f"call_{next(calls)}" for _ in range(k))
+        names = [draw(st.sampled_from(TOOLS)) for _ in ids]
+        out.append(Msg("assistant", draw(texts), opens=ids))
+        for j in draw(st.permutations(range(k))):
+            failed = draw(st.integers(0, 5)) == 0
+            body = ("error: tool failed " if failed else "") + "r" * draw(_RESULT_CHARS)
+            out.append(Msg("tool", f"{ids[j]} {body}", answers=ids[j], tool=names[j]))
+    if draw(st.booleans()):
+        out.append(Msg("assistant", "done " + draw(texts)))
+    return out
+
+
+@st.composite
+def agent_histories(
+    draw: st.DrawFn, *, max_turns: int = 4, max_steps: int = 10, system: bool = True
+) -> list[Msg]:
+    """Agent conversations: system messages, requests of many steps, maybe an interrupt.
+
+    An interrupted history ends with a step whose calls are not all answered.
+    """
+    calls = itertools.count()
+    out: list[Msg] = []
+    if system:
+        out += [Msg("system", "sys " + draw(texts)) for _ in range(draw(st.integers(0, 2)))]
+    for _ in range(draw(st.integers(1, max_turns))):
+        out += draw(agent_turn(calls, max_steps=max_steps))
+    if draw(st.integers(0, 3)) == 0:  # interrupted: a call left unanswered at the end
+        ids = tuple(f"call_{next(calls)}" for _ in range(draw(st.integers(1, 3))))
+        out.append(Msg("assistant", "calling", opens=ids))
+        for call_id in ids[: draw(st.integers(0, len(ids) - 1))]:
+            out.append(Msg("tool", f"{call_id} partial", answers=call_id, tool="shell"))
+    return out
+
+
+@st.composite
+def clearings(draw: st.DrawFn) -> ClearToolResults:
+    """Any clearing stage, with sizes that make small agent histories clear and clip."""
+    return ClearToolResults(
+        trigger=draw(st.integers(0, 400)),
+        keep=draw(st.integers(0, 3)),
+        exclude=tuple(sorted(draw(st.sets(st.sampled_from(TOOLS), max_size=2)))),
+        clear_at_least=draw(st.integers(0, 200)),
+        max_result_tokens=draw(st.none() | st.integers(1, 300)),
+        head_tokens=draw(st.integers(0, 60)),
+    )
+
+
+_AGENT_LIMITS = {"messages": (2, 16), "turns": (1, 3), "tokens": (40, 1200)}
+
+
+@st.composite
+def agent_policies(
+    draw: st.DrawFn, units: Sequence[str] = ("messages", "turns", "tokens")
+) -> SlidingWindow:
+    """A policy for agent histories: any unit and strategy, with or without clearing."""
+    unit = draw(st.sampled_from(list(units)))
+    lo, hi = _AGENT_LIMITS[unit]
+    top = 400 if unit == "tokens" else 6
+    eviction = draw(
+        st.one_of(
+            st.just(PerItem()),
+            st.builds(Bulk, overflow=st.integers(0, top)),
+            st.builds(Compact, compact_count=st.integers(1, top)),
+        )
+    )
+    return SlidingWindow(
+        unit=unit,
+        limit=draw(st.integers(lo, hi)),
+        eviction=eviction,
+        pin_system=draw(st.booleans()),
+        clearing=draw(st.none() | clearings()),
+    )
+
+
+def cut_points(records: Sequence[MessageRecord], lo: int) -> list[int]:
+    """Where a group or a step may start in ``records[lo:]`` (absolute), in two passes."""
+    answered_at: dict[str, int] = {}
+    for i in range(lo, len(records)):
+        answers = records[i].answers
+        if answers is not None:
+            answered_at[answers] = i
+    out = [lo] if lo < len(records) else []
+    reach = -1
+    for i in range(lo, len(records)):
+        rec = records[i]
+        if i > lo and rec.role in ("user", "assistant") and reach < i:
+            out.append(i)
+        for call_id in rec.opens:
+            reach = max(reach, answered_at.get(call_id, -1))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """What :func:`reference_plan` decides (the fields a :class:`Plan` must match)."""
+
+    pinned: int
+    window_start: int
+    compact: tuple[int, int] | None
+    size: int
+    opener: int | None
+    cleared: int
+    placeholders: tuple[int, ...]
+    clipped: tuple[int, ...]
+    deliver_to: int
+    overhang: int
+
+    def matches(self, p: Plan) -> bool:
+        return self == Reference(
+            p.pinned,
+            p.window_start,
+            p.compact,
+            p.size,
+            p.opener,
+            p.cleared,
+            p.placeholders,
+            p.clipped,
+            p.deliver_to,
+            p.overhang,
+        )
+
+
+def _shown_cost(policy: SlidingWindow, rec: MessageRecord) -> tuple[int, bool, int]:
+    """(cost, clipped, what clearing it would save) of one record, from the policy."""
+    c = policy.clearing
+    head = c.head_tokens if c is not None else 200
+    clip = c.max_result_tokens if c is not None else None
+    if clip is None and policy.unit == "tokens":
+        clip = policy.limit // 2
+    cost, clipped = rec.tokens, False
+    if rec.role == "tool" and clip is not None and rec.tokens > max(clip, head + 48):
+        cost, clipped = head + 48, True
+    clearable = (
+        c is not None
+        and rec.role == "tool"
+        and cost > 48
+        and not (rec.tool is not None and rec.tool in c.exclude)
+    )
+    return cost, clipped, cost - 48 if clearable else 0
+
+
+def reference_plan(
+    policy: SlidingWindow,
+    state: ConversationState,
+    records: Sequence[MessageRecord],
+    reserved: int = 0,
+) -> Reference | None:
+    """The planner's rules, written as plainly as possible over the whole history.
+
+    ``None`` when the history does not match ``state`` (a rewrite).
+    """
+    end = len(records)
+    fresh = state.window_start <= state.pinned
+    pinned = state.pinned
+    if fresh:
+        pinned = 0
+        while policy.pin_system and pinned < end and records[pinned].role == "system":
+            pinned += 1
+    start = pinned if fresh else state.window_start
+    if end < state.window_start or (
+        not fresh and records[state.window_start - 1].fingerprint != state.anchor
+    ):
+        return None
+    if start >= end:
+        fixed = sum(r.tokens for r in records[:pinned]) + reserved
+        size = fixed if policy.unit == "tokens" else 0
+        over = max(0, size - policy.limit)
+        return Reference(pinned, start, None, size, None, state.cleared, (), (), start, over)
+    costs = [_shown_cost(policy, r) for r in records]
+    groups = turn_groups(records, start)
+    cuts = cut_points(records, start)
+    group_opener: dict[int, int | None] = {g: g for g in groups if records[g].role == "user"}
+    if groups[0] not in group_opener:
+        group_opener[groups[0]] = None
+        if not fresh:
+            before = turn_groups(records[:start])
+            if records[before[-1]].role == "user":
+                group_opener[groups[0]] = before[-1]
+
+    # Clearing: oldest clearable results first, never the newest ``keep``.
+    clearable = [i for i in range(start, end) if costs[i][2]]
+    watermark = state.cleared
+    c = policy.clearing
+    if c is not None:
+        w0 = max(watermark, start)
+        shown = sum(
+            48 if (costs[i][2] and i < w0) else costs[i][0]
+            for i in range(start, end)
+            if records[i].role == "tool"
+        )
+        allowed = [i for i in clearable[: max(0, len(clearable) - c.keep)] if i >= w0]
+        available = sum(costs[i][2] for i in allowed)
+        if shown > c.trigger and allowed and available >= c.clear_at_least:
+            need = max(c.clear_at_least, shown - c.trigger)
+            saved = 0
+            for i in allowed:
+                saved += costs[i][2]
+                watermark = max(watermark, i + 1)
+                if saved >= need:
+                    break
+
+    def group_of(pos: int) -> int:
+        return max(g for g in groups if g <= pos)
+
+    def opener_at(pos: int) -> int | None:
+        g = group_of(pos)
+        if pos == g and records[g].role == "user":
+            return None
+        return group_opener[g]
+
+    def size(pos: int) -> int:
+        opener = opener_at(pos)
+        if policy.unit == "turns":
+            return len(turn_groups(records, pos))
+        if policy.unit == "messages":
+            return end - pos + (opener is not None)
+        shown = sum(48 if (costs[i][2] and i < watermark) else costs[i][0] for i in range(pos, end))
+        fixed = sum(r.tokens for r in records[:pinned]) + reserved
+        return fixed + shown + (costs[opener][0] if opener is not None else 0)
+
+    if policy.unit == "turns":
+        candidates = groups
+    else:
+        candidates = groups[:-1] + [p for p in cuts if p >= groups[-1]]
+    limit = policy.limit
+
+    def fit() -> int:
+        for pos in candidates:
+            if size(pos) <= limit:
+                return pos
+        return candidates[-1]
+
+    ev = policy.eviction
+    total = size(start)
+    ws, compact = start, None
+    over = limit + (ev.overflow if isinstance(ev, Bulk) else 0)
+    if isinstance(ev, PerItem | Bulk) and total > over:
+        ws = fit()
+    elif isinstance(ev, Compact):
+        k = ev.compact_count
+        if total > limit + 2 * k:
+            ws = fit()
+        elif total > limit + k:
+            compact = _reference_compact(policy, records, groups, cuts, costs, k)
+    placeholders = tuple(i for i in clearable if ws <= i < watermark)
+    clipped = tuple(i for i in range(ws, end) if costs[i][1] and i not in placeholders)
+    deliver_to = max([ws, *(i + 1 for i in placeholders), *(i + 1 for i in clipped)])
+    overhang = max(0, size(candidates[-1]) - limit)
+    return Reference(
+        pinned,
+        ws,
+        compact,
+        size(ws),
+        opener_at(ws),
+        watermark,
+        placeholders,
+        clipped,
+        deliver_to,
+        overhang,
+    )
+
+
+def _reference_compact(
+    policy: SlidingWindow,
+    records: Sequence[MessageRecord],
+    groups: list[int],
+    cuts: list[int],
+    costs: list[tuple[int, bool, int]],
+    k: int,
+) -> tuple[int, int] | None:
+    def worth(lo: int, hi: int) -> int:
+        if policy.unit == "turns":
+            return len([g for g in groups if lo <= g < hi])
+        if policy.unit == "messages":
+            return hi - lo
+        return sum(costs[i][0] for i in range(lo, hi))
+
+    if len(groups) > 1:
+        for g in groups[1:]:
+            if worth(groups[0], g) >= k or g == groups[-1]:
+                return groups[0], g
+    if policy.unit == "turns":
+        return None
+    first = 1 if records[cuts[0]].role == "user" else 0
+    if first >= len(cuts) - 1:
+        return None
+    for c in cuts[first + 1 :]:
+        if worth(cuts[first], c) >= k or c == cuts[-1]:
+            return cuts[first], c
+    return None  # pragma: no cover - the loop always returns
+
+
+def window_of(p: Plan) -> list[int]:
+    """Absolute indexes of the messages a plan shows: pinned, the opener, the kept ones."""
+    opener = [p.opener] if p.opener is not None else []
+    return [*range(p.pinned), *opener, *range(p.window_start, p.end)]
+
+
+def check_valid(records: Sequence[MessageRecord], p: Plan) -> None:
+    """Assert the providers' ordering rules on a plan's window.
+
+    No tool result without its call; no call without all of its results (but a call left
+    unanswered at the end of the history stays with its step); the first message after
+    the system messages is a user message whenever the history has one before the
+    window's first kept message.
+    """
+    shown = window_of(p)
+    where = set(shown)
+    opened = {c: i for i in shown for c in records[i].opens}
+    for i in shown:
+        call = records[i].answers
+        if call is not None:
+            assert call in opened, f"tool result {i} shown without its call"
+    answers: dict[str, list[int]] = {}
+    for i, rec in enumerate(records[: p.end]):
+        if rec.answers is not None:
+            answers.setdefault(rec.answers, []).append(i)
+    for call in opened:
+        assert all(j in where for j in answers.get(call, [])), f"call {call} lost a result"
+    if p.opener is not None:
+        assert records[p.opener].role == "user" and p.opener < p.window_start
+    rest = [i for i in shown if records[i].role != "system"]
+    had_user = any(r.role == "user" for r in records[p.pinned : p.window_start + 1])
+    if rest and had_user and p.window_start < p.end:
+        assert records[rest[0]].role == "user", "the window does not start with a user message"

@@ -1,4 +1,11 @@
-"""Property tests of the pure planner, replaying append-then-plan like the engine does."""
+"""Property tests of the pure planner, replaying append-then-plan like the engine does.
+
+Histories are chat conversations (``conversations``) and agent runs (``agent_histories``:
+long requests of tool steps, parallel and failed calls, an interrupted final call); policies
+are every unit and strategy, with and without clearing. At every load the plan must equal
+the plain two-pass reference (``reference_plan``), its window must obey the providers'
+ordering rules, and it must stay within the bound but for what cannot be cut.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +18,23 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from demote._groups import GroupIndex
 from demote.planner import Plan, needed_from, plan, turn_groups
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
+from demote.policy import Bulk, Compact, SlidingWindow
 from demote.records import ConversationState, MessageRecord
-from tests.strategies import Msg, advance, conversations, policies, record_of, sizes
+from tests.strategies import (
+    Msg,
+    advance,
+    agent_histories,
+    agent_policies,
+    check_valid,
+    conversations,
+    cut_points,
+    policies,
+    record_of,
+    reference_plan,
+    slack,
+)
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,6 +52,7 @@ class Step:
 class Replay:
     policy: SlidingWindow
     records: list[MessageRecord]
+    reserved: int = 0
     steps: list[Step] = field(default_factory=list)
     handed: list[int] = field(default_factory=list)  # indexes handed to the "hook", in order
 
@@ -41,31 +62,42 @@ class Replay:
 
 
 def replay(
-    policy: SlidingWindow, msgs: Sequence[Msg], cuts: Sequence[int], fails: Sequence[bool]
+    policy: SlidingWindow,
+    msgs: Sequence[Msg],
+    cuts: Sequence[int],
+    fails: Sequence[bool],
+    reserved: int = 0,
 ) -> Replay:
     """Append the history in chunks ending at ``cuts``; plan after each like the engine.
 
-    A step whose delivery ``fails`` commits nothing (the engine keeps the watermark).
+    Each plan gets the previous plan's index, as the engine's view hands it back. A step
+    whose delivery ``fails`` commits nothing (the engine keeps the watermark).
     """
     records = [record_of(m) for m in msgs]
-    out = Replay(policy, records)
+    out = Replay(policy, records, reserved)
+    index: GroupIndex | None = None
     for i, end in enumerate(cuts):
         state = out.state
         lo = needed_from(state)
-        p = plan(policy, state, records[lo:end], base=lo)
+        p = plan(policy, state, records[lo:end], base=lo, index=index, reserved=reserved)
         assert not p.rewritten, "an append-only history is never reported as rewritten"
+        index = p.index
         ok = not (fails[i % len(fails)] if fails else False) or not p.deliver
         after = advance(state, p, records[:end]) if ok else state
         if ok:
-            out.handed.extend(p.deliver)
+            out.handed.extend(i for i in p.deliver if i not in out.handed)
         out.steps.append(Step(state, p, after, end, ok))
     return out
 
 
+histories = st.one_of(conversations(), agent_histories(), agent_histories(max_steps=30))
+any_policy = st.one_of(policies(), agent_policies())
+
+
 @st.composite
 def replays(draw: st.DrawFn, policy: st.SearchStrategy[SlidingWindow] | None = None) -> Replay:
-    pol = draw(policy if policy is not None else policies())
-    msgs = draw(conversations())
+    pol = draw(policy if policy is not None else any_policy)
+    msgs = draw(histories)
     n = len(msgs)
     if n == 0:
         cuts = [0]
@@ -74,51 +106,43 @@ def replays(draw: st.DrawFn, policy: st.SearchStrategy[SlidingWindow] | None = N
     else:
         cuts = sorted(draw(st.sets(st.integers(1, n), max_size=n)) | {n})
     fails = draw(st.lists(st.booleans(), max_size=4))
-    return replay(pol, msgs, cuts, fails)
-
-
-def check_window_shape(policy: SlidingWindow, view: Sequence[MessageRecord], p: Plan) -> None:
-    end = len(view)
-    assert p.end == end
-    assert 0 <= p.pinned <= p.window_start <= end
-    # Pinned system messages: only leading system messages, only when pinning is on.
-    assert all(view[i].role == "system" for i in range(p.pinned))
-    if not policy.pin_system:
-        assert p.pinned == 0
-    # The window is a suffix plus the pinned head; never starts inside a turn group.
-    if p.pinned < p.window_start < end:
-        assert view[p.window_start].role == "user"
-    if p.window_start < end and p.window_start > p.pinned:
-        assert view[p.window_start].role != "tool"
-    opened_at = {call: i for i, r in enumerate(view) for call in r.opens}
-    for i in range(p.window_start, end):
-        call = view[i].answers
-        if call is not None and call in opened_at:
-            assert opened_at[call] >= p.window_start, f"tool result {i} lost its call"
-    for call, i in opened_at.items():
-        if i < p.window_start:
-            answers = [j for j in range(end) if view[j].answers == call]
-            assert all(j < p.window_start for j in answers), f"call {call} split"
-    size, _ = sizes(policy, view[p.window_start :])
-    assert p.size == size
+    reserved = draw(st.sampled_from([0, 0, 30, 400])) if pol.unit == "tokens" else 0
+    return replay(pol, msgs, cuts, fails, reserved)
 
 
 @SETTINGS
 @given(replays())
-def test_window_is_pinned_head_plus_whole_group_suffix(r: Replay) -> None:
+def test_every_plan_is_the_reference_plan(r: Replay) -> None:
     for step in r.steps:
-        check_window_shape(r.policy, r.records[: step.end], step.plan)
+        ref = reference_plan(r.policy, step.before, r.records[: step.end], r.reserved)
+        assert ref is not None and ref.matches(step.plan), (ref, step.plan)
 
 
 @SETTINGS
 @given(replays())
-def test_window_start_is_monotonic_and_watermark_trails_it(r: Replay) -> None:
+def test_every_window_obeys_the_ordering_rules(r: Replay) -> None:
+    for step in r.steps:
+        p = step.plan
+        assert 0 <= p.pinned <= p.window_start <= p.end == step.end
+        assert all(r.records[i].role == "system" for i in range(p.pinned))
+        if not r.policy.pin_system:
+            assert p.pinned == 0
+        check_valid(r.records, p)
+
+
+@SETTINGS
+@given(replays())
+def test_window_start_and_clearing_watermark_are_monotonic(r: Replay) -> None:
     prev = ConversationState()
     for step in r.steps:
-        assert step.plan.window_start >= step.before.window_start
+        p = step.plan
+        assert p.window_start >= step.before.window_start
+        assert p.cleared >= step.before.cleared
         assert step.after.window_start >= prev.window_start
-        assert step.after.delivered <= step.after.window_start
-        assert step.plan.deliver_from == max(step.before.delivered, step.plan.pinned)
+        assert step.after.cleared >= prev.cleared
+        before = step.before
+        fresh = before.window_start <= before.pinned and before.delivered <= before.window_start
+        assert p.deliver_from == (p.pinned if fresh else max(before.delivered, p.pinned))
         prev = step.after
 
 
@@ -127,95 +151,86 @@ def test_window_start_is_monotonic_and_watermark_trails_it(r: Replay) -> None:
 def test_every_demoted_message_is_handed_over_once(r: Replay) -> None:
     state = r.state
     assert len(r.handed) == len(set(r.handed))
-    assert sorted(r.handed) == list(range(state.pinned, state.window_start))
     assert r.handed == sorted(r.handed), "oldest first"
+    assert r.handed == list(range(state.pinned, max(state.delivered, state.pinned)))
+    assert state.delivered >= state.window_start
 
 
 @SETTINGS
 @given(replays())
-def test_limit_respected_unless_one_oversized_group(r: Replay) -> None:
-    ev = r.policy.eviction
-    slack = {PerItem: 0}.get(type(ev))
-    if isinstance(ev, Bulk):
-        slack = ev.overflow
-    elif isinstance(ev, Compact):
-        slack = 2 * ev.compact_count
-    assert slack is not None
-    for step in r.steps:
-        size, groups = sizes(r.policy, r.records[step.plan.window_start : step.end])
-        assert size <= r.policy.limit + slack or groups == 1
-
-
-@SETTINGS
-@given(replays(policies().filter(lambda p: isinstance(p.eviction, PerItem))))
-def test_per_item_drops_only_what_it_must(r: Replay) -> None:
+def test_bound_holds_but_for_the_reported_overhang(r: Replay) -> None:
     for step in r.steps:
         p = step.plan
-        size, groups = sizes(r.policy, r.records[p.window_start : step.end])
-        assert size <= r.policy.limit or groups == 1
-        start = max(step.before.window_start, p.pinned)
-        if p.window_start > start:
-            # Keeping the group just before the new start would have been over the limit.
-            before = turn_groups(r.records[start : p.window_start])[-1] + start
-            assert sizes(r.policy, r.records[before : step.end])[0] > r.policy.limit
+        assert p.overhang >= 0
+        if p.size > r.policy.limit + slack(r.policy):
+            # Only what cannot be cut: pinned, the opener and the newest step.
+            assert p.size == r.policy.limit + p.overhang
+            window = r.records[p.window_start : step.end]
+            inner = cut_points(r.records[: step.end], p.window_start)
+            if r.policy.unit == "turns":
+                assert len(turn_groups(window)) == 1
+            else:
+                assert inner in ([], [p.window_start]), "more than one step left"
 
 
 @SETTINGS
-@given(replays(policies().filter(lambda p: isinstance(p.eviction, PerItem))))
-def test_per_item_incremental_equals_from_scratch(r: Replay) -> None:
+@given(replays())
+def test_placeholders_and_clips_reach_the_hook_first(r: Replay) -> None:
     for step in r.steps:
-        fresh = plan(r.policy, ConversationState(), r.records[: step.end])
-        assert fresh.window_start == step.plan.window_start
-        assert fresh.pinned == step.plan.pinned
-        assert fresh.size == step.plan.size
+        p = step.plan
+        assert p.deliver_to >= p.window_start
+        for i in (*p.placeholders, *p.clipped):
+            assert p.window_start <= i < p.end and r.records[i].role == "tool"
+            assert (i < p.deliver_to and i in p.deliver) or i < step.before.delivered
+        assert not set(p.placeholders) & set(p.clipped)
+        assert all(i < p.cleared for i in p.placeholders)
+        if r.policy.clearing is None:
+            assert p.placeholders == () and p.cleared == step.before.cleared
+        if step.delivered:
+            assert step.after.delivered >= p.deliver_to
 
 
 @SETTINGS
-@given(replays(policies().filter(lambda p: isinstance(p.eviction, Bulk))))
+@given(replays(any_policy.filter(lambda p: isinstance(p.eviction, Bulk))))
 def test_bulk_prefix_is_stable_between_cuts(r: Replay) -> None:
     ev = r.policy.eviction
     assert isinstance(ev, Bulk)
     for step in r.steps:
         p = step.plan
         start = max(step.before.window_start, p.pinned)
-        before_size, _ = sizes(r.policy, r.records[start : step.end])
-        size, groups = sizes(r.policy, r.records[p.window_start : step.end])
         if p.window_start == start:
-            # No cut: the prompt prefix (pinned head + first kept message) is unchanged.
-            assert before_size <= r.policy.limit + ev.overflow or groups == 1
+            # No cut: the prompt prefix (pinned head, opener, first kept message) stays.
+            assert p.size <= r.policy.limit + ev.overflow or p.overhang > 0
         else:
-            assert before_size > r.policy.limit + ev.overflow
-            assert size <= r.policy.limit or groups == 1
+            assert p.size <= r.policy.limit or p.size == r.policy.limit + p.overhang
 
 
 @SETTINGS
-@given(replays(policies().filter(lambda p: isinstance(p.eviction, Compact))))
-def test_compact_pending_range_covers_whole_older_groups(r: Replay) -> None:
+@given(replays(any_policy.filter(lambda p: isinstance(p.eviction, Compact))))
+def test_compact_pending_range_covers_whole_groups_or_steps(r: Replay) -> None:
     ev = r.policy.eviction
     assert isinstance(ev, Compact)
     k = ev.compact_count
     for step in r.steps:
         p = step.plan
-        window = r.records[p.window_start : step.end]
-        size, groups = sizes(r.policy, window)
-        assert size <= r.policy.limit + 2 * k or groups == 1
+        assert p.size <= r.policy.limit + 2 * k or p.size == r.policy.limit + p.overhang
         if p.compact is None:
             continue
         lo, hi = p.compact
-        assert lo == p.window_start, "a pending compaction starts at the window start"
-        starts = [s + p.window_start for s in turn_groups(window)]
-        assert hi in starts[1:], "covers whole groups, never the newest"
-        assert r.policy.limit + k < size <= r.policy.limit + 2 * k
-        covered, _ = sizes(r.policy, r.records[lo:hi])
-        if r.policy.unit == "turns":
-            covered = len(turn_groups(r.records[lo:hi]))
-        # The fewest whole groups worth at least k units (or all but the newest).
-        prev = starts[starts.index(hi) - 1]
-        less, _ = sizes(r.policy, r.records[lo:prev])
-        if r.policy.unit == "turns":
-            less = len(turn_groups(r.records[lo:prev])) if prev > lo else 0
-        assert covered >= k or hi == starts[-1]
-        assert less < k
+        assert r.policy.limit + k < p.size <= r.policy.limit + 2 * k
+        window = r.records[: step.end]
+        starts = turn_groups(window, p.window_start)
+        if len(starts) > 1:
+            assert lo == p.window_start, "whole groups from the window start"
+            assert hi in starts[1:], "covers whole groups, never the newest"
+        else:
+            cuts = cut_points(window, p.window_start)
+            assert hi in cuts[1:] and lo in cuts and lo < hi, "whole steps, never the newest"
+            assert r.records[lo].role != "user", "the opener is never summarized"
+            if r.records[p.window_start].role == "user":
+                assert lo == cuts[1]
+            else:
+                assert lo == p.window_start
 
 
 @settings(max_examples=100, deadline=None)
@@ -275,15 +290,38 @@ class Spy(Sequence[MessageRecord]):
 @SETTINGS
 @given(replays(), st.booleans())
 def test_planner_reads_nothing_before_needed_from(r: Replay, whole: bool) -> None:
+    """Without an index: the records from ``needed_from`` on, and two small exceptions.
+
+    Handed the whole history, it also reads the pinned messages (to count them in a token
+    window) and, when the window starts inside a turn, back to that turn's opener. Handed
+    only what ``needed_from`` says, a plan whose opener is out of reach says so
+    (``needs``) rather than read further.
+    """
     for step in r.steps:
         lo = needed_from(step.before)
         log: set[int] = set()
-        if whole:  # hand it everything: it must still not look before lo
-            p = plan(r.policy, step.before, Spy(r.records[: step.end], 0, log))
+        pinned = step.plan.pinned
+        if whole:  # hand it everything
+            p = plan(r.policy, step.before, Spy(r.records[: step.end], 0, log), reserved=r.reserved)
+            assert p == step.plan
+            ws = step.before.window_start
+            inside = ws > step.before.pinned and ws < step.end and r.records[ws].role != "user"
+            outside = {i for i in log if i < lo}
+            assert outside <= set(range(pinned)) or inside, "read back only for an opener"
         else:
-            p = plan(r.policy, step.before, Spy(r.records[lo : step.end], lo, log), base=lo)
-        assert p == step.plan
-        assert not log or min(log) >= lo
+            p = plan(
+                r.policy,
+                step.before,
+                Spy(r.records[lo : step.end], lo, log),
+                base=lo,
+                reserved=r.reserved,
+                pinned_tokens=sum(x.tokens for x in r.records[:pinned]),
+            )
+            assert not log or min(log) >= lo
+            if p != step.plan:  # only when the opener is out of reach
+                ws = step.before.window_start
+                assert p.needs == 0 and r.records[ws].role != "user"
+                assert step.plan.opener is None or step.plan.opener < lo
 
 
 def test_cost_does_not_grow_with_history() -> None:
@@ -347,7 +385,8 @@ def test_rewrite_examples() -> None:
 # -- named examples ------------------------------------------------------------------------
 
 
-def test_single_oversized_group_is_kept_whole() -> None:
+def test_a_long_turn_is_cut_at_the_newest_step_that_fits() -> None:
+    """Was: the newest group was kept whole (6 messages over a limit of 2)."""
     policy = SlidingWindow.last_messages(2)
     ids = ("a", "b", "c")
     msgs = [
@@ -360,7 +399,13 @@ def test_single_oversized_group_is_kept_whole() -> None:
     ]
     records = [record_of(m) for m in msgs]
     p = plan(policy, ConversationState(), records)
-    assert p.window_start == 2 and p.size == 6
+    # The opener q2, then the last step: two messages; the call and its results left whole.
+    assert (p.window_start, p.opener, p.size, p.overhang) == (7, 2, 2, 0)
+    # Without the final answer, the newest step is the call and its three results: it
+    # cannot be cut, and the plan says by how much it is over.
+    p = plan(policy, ConversationState(), records[:7])
+    assert (p.window_start, p.opener, p.size, p.overhang) == (3, 2, 5, 3)
+    assert p.deliver == range(0, 3)  # the opener is archived too (it is before the start)
 
 
 def test_system_messages_are_pinned_and_not_counted() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from demote import Bulk, Compact, ConfigError, DemoteError, PerItem, SlidingWindow
 from demote.tokens import TokenCache, register_counter
-from tests.strategies import policies
+from tests.strategies import agent_policies, policies
 
 
 def _shout(text: str) -> int:
@@ -123,3 +123,28 @@ def test_registered_callable_counter_round_trips() -> None:
     again = SlidingWindow.from_json(text)
     assert again.counter == "test-words"
     assert again.resolved_counter() is _shout
+
+
+@settings(max_examples=100, deadline=None)
+@given(agent_policies())
+def test_policies_with_clearing_round_trip_through_json(policy: SlidingWindow) -> None:
+    again = SlidingWindow.from_json(policy.to_json())
+    assert again == policy and again.clearing == policy.clearing
+
+
+@pytest.mark.parametrize(
+    ("clearing", "field"),
+    [
+        ({"trigger": -1}, "trigger"),
+        ({"trigger": 10, "keep": -1}, "keep"),
+        ({"trigger": 10, "max_result_tokens": 0}, "max_result_tokens"),
+        ({"trigger": 10, "head_tokens": "5"}, "head_tokens"),
+        ({"trigger": 10, "colour": 1}, "colour"),
+    ],
+)
+def test_bad_clearing_is_a_config_error_naming_the_field(
+    clearing: dict[str, Any], field: str
+) -> None:
+    data = {"unit": "tokens", "limit": 100, "clearing": {"kind": "clear_tool_results", **clearing}}
+    with pytest.raises(ConfigError, match=field):
+        SlidingWindow.model_validate(data)
