@@ -144,6 +144,7 @@ def plan(
     *,
     base: int = 0,
     index: GroupIndex | None = None,
+    reserved: int = 0,
 ) -> Plan:
     """Plan the window for a history, from the previous state.
 
@@ -156,6 +157,9 @@ def plan(
         index: ``Plan.index`` of an earlier plan whose records are, unchanged, a prefix
             of this history: only the records appended since are read. The caller
             vouches for the records; an index that does not fit the state is ignored.
+        reserved: Tokens outside the messages that count toward a token limit (the
+            system prompt and tool definitions of an agent's model call). Accepted
+            here so the engine can pass it; the step planner counts it.
 
     Returns:
         The plan; ``plan.rewritten`` when the history does not match ``state``.
