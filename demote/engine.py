@@ -137,6 +137,7 @@ class Window(Generic[T]):
             that opened the turn, sent between the summary and ``messages`` so the model
             still sees the task (and every request starts with a user message); else
             ``None``. It is before ``start``: it was handed to the hook too.
+        opener_index: The opener's absolute index (recall skips it: the model sees it).
         placeholders: Absolute index -> the text the model is sent instead of that tool
             result's content (cleared: :func:`demote.clearing.placeholder_text`, naming
             the archived key). Adapters send a copy of the message with this content and
@@ -169,6 +170,7 @@ class Window(Generic[T]):
     placeholders: dict[int, str] = field(default_factory=dict)
     clipped: dict[int, str] = field(default_factory=dict)
     overhang: int = 0
+    opener_index: int | None = None
 
     def __len__(self) -> int:
         return len(self.pinned) + (self.opener is not None) + len(self.messages)
@@ -645,7 +647,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         if p.overhang:
             events = (*events, self._overhang_event(cid, work))
         placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
-        opener = messages[p.opener] if p.opener is not None and p.opener < n else None
+        at = p.opener if p.opener is not None and p.opener < n else None
+        opener = None if at is None else messages[at]
         return Window(
             cid,
             head,
@@ -661,6 +664,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             placeholders,
             clipped,
             p.overhang,
+            at,
         )
 
     # -- lifecycle -------------------------------------------------------------------------
