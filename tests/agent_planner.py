@@ -92,7 +92,10 @@ def step_plan(
         return PLACEHOLDER_TOKENS if i in cleared else records[i - base].tokens
 
     # The cut: the oldest start that fits, else the newest step.
-    candidates = ([lo] if lo <= opener else []) + [
+    # A window that started inside an earlier turn keeps no tail of it once a new turn
+    # began (that tail's opener is gone): it starts at the new turn, or later.
+    whole = lo <= opener and (lo <= p.pinned or records[lo - base].role == "user")
+    candidates = ([lo] if whole else [opener] if lo <= opener else []) + [
         b for b in _boundaries(records, base, max(lo, opener + 1), end) if b >= lo
     ]
     if not candidates:
