@@ -317,3 +317,66 @@ def test_a_custom_loop_reading_the_history_at_every_step_is_bounded(
     if clearing:
         last = model.calls[-1]
         assert any(isinstance(m, ToolMessage) and "cleared" in str(m.content) for m in last)
+
+
+# -- rendering a window (fed directly) ------------------------------------------------------
+
+
+def test_render_window_sends_copies_with_placeholders_and_the_progress_note() -> None:
+    from demote.engine import PROGRESS_PREFIX, SUMMARY_PREFIX, Window
+    from langchain_demote.history import render_window
+
+    pinned = [SystemMessage("rules")]
+    opener = HumanMessage("do the job", id="u1")
+    call = AIMessage("", tool_calls=[{"name": "fetch", "args": {"n": 1}, "id": "c1"}], id="a1")
+    result = ToolMessage(
+        "long content",
+        tool_call_id="c1",
+        name="fetch",
+        artifact={"raw": 1},
+        status="error",
+        id="t1",
+    )
+    kept = [call, result, AIMessage("done", id="a2")]
+    window = Window(
+        "c", pinned, "read page 0", kept, start=5, total=8,
+        opener=opener, placeholders={6: "[fetch result cleared]"}, opener_index=0,
+    )  # fmt: skip
+    out = render_window(window)
+    assert out[0] is pinned[0]
+    note = out[1]
+    assert isinstance(note, HumanMessage) and note.id == "u1"
+    assert note.content == [
+        {"type": "text", "text": "do the job"},
+        {"type": "text", "text": PROGRESS_PREFIX + "read page 0"},
+    ]
+    assert opener.content == "do the job", "the stored opener is not changed"
+    assert out[2] is call and out[4] is kept[2]
+    sent = out[3]
+    assert isinstance(sent, ToolMessage) and sent.content == "[fetch result cleared]"
+    assert (sent.tool_call_id, sent.name, sent.artifact, sent.status, sent.id) == (
+        "c1", "fetch", {"a": 1}, "error", "t1",
+    )  # fmt: skip
+    assert result.content == "long content", "the stored result is not changed"
+    assert not any(SUMMARY_PREFIX in str(m.content) for m in out), "no mid-conversation system"
+    # Without an opener: the summary is one system message after the pinned ones.
+    plain = render_window(Window("c", pinned, "gist", [opener], start=3, total=4))
+    assert isinstance(plain[1], SystemMessage) and plain[1].content == SUMMARY_PREFIX + "gist"
+    assert plain[2] is opener
+
+
+def test_the_middleware_counts_the_system_prompt_and_tools_as_reserved(tmp_path: Path) -> None:
+    from langchain.agents.middleware.types import ModelRequest
+
+    demoter = Demoter(SlidingWindow.last_tokens(LIMIT))
+    middleware = DemotingMiddleware(demoter)
+    request = ModelRequest(
+        model=ToolLoopModel(), messages=[HumanMessage("hi")], system_prompt=SYSTEM, tools=TOOLS
+    )
+    reserved = middleware._reserved(request)
+    system = to_core(SystemMessage(SYSTEM), demoter.describe).tokens
+    assert reserved > system
+    assert reserved - system >= count_tokens_approximately([], tools=TOOLS) - 5
+    assert middleware._reserved(request) == reserved, "the same on every call"
+    by_messages = DemotingMiddleware(Demoter(SlidingWindow.last_messages(10)))
+    assert by_messages._reserved(request) == 0, "only a token window counts tokens"

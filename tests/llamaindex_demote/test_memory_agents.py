@@ -238,3 +238,44 @@ def main() -> None:  # pragma: no cover - prints the figures for the README
 if __name__ == "__main__":  # pragma: no cover
     main()
     sys.exit(0)
+
+
+def test_assemble_sends_copies_with_placeholders_and_the_progress_note() -> None:
+    from demote.engine import PROGRESS_PREFIX, Window
+    from demote.records import Recalled
+    from llamaindex_demote._prompt import assemble
+
+    system = ChatMessage(role=MessageRole.SYSTEM, content="rules")
+    opener = ChatMessage(role=MessageRole.USER, content="do the job")
+    call = ChatMessage(
+        role=MessageRole.ASSISTANT,
+        blocks=[ToolCallBlock(tool_call_id="c1", tool_name="fetch", tool_kwargs={"n": 1})],
+    )
+    result = ChatMessage(
+        role=MessageRole.TOOL,
+        content="long content",
+        additional_kwargs={"tool_call_id": "c1", "name": "fetch"},
+    )
+    window = Window(
+        "c", [system], "read page 0", [call, result], start=5, total=7,
+        opener=opener, clipped={6: "long\n[clipped]"}, opener_index=0,
+    )  # fmt: skip
+    out = assemble(window)
+    assert [m.role for m in out] == ["system", "user", "assistant", "tool"]
+    assert [b.text for b in out[1].blocks if isinstance(b, TextBlock)] == [
+        "do the job",
+        PROGRESS_PREFIX + "read page 0",
+    ]
+    assert text_of(opener) == "do the job", "the stored opener is not changed"
+    assert out[2] is call
+    assert text_of(out[3]) == "long\n[clipped]" and out[3].additional_kwargs["tool_call_id"] == "c1"
+    assert text_of(result) == "long content", "the stored result is not changed"
+    # Recall at 0 goes before the opener; a hit on the opener itself is not sent.
+    from llamaindex_demote._prompt import _visible
+
+    on_opener = Recalled("user", "do the job", 0, "k0")
+    hit = Recalled("user", "earlier words", 2, "k2")
+    assert _visible(window, [on_opener, hit], 5) == [hit]
+    with_recall = assemble(window, [hit], 0)
+    assert with_recall[1].role == MessageRole.SYSTEM and "earlier words" in text_of(with_recall[1])
+    assert with_recall[2].role == MessageRole.USER
