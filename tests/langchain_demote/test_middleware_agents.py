@@ -355,7 +355,7 @@ def test_render_window_sends_copies_with_placeholders_and_the_progress_note() ->
     sent = out[3]
     assert isinstance(sent, ToolMessage) and sent.content == "[fetch result cleared]"
     assert (sent.tool_call_id, sent.name, sent.artifact, sent.status, sent.id) == (
-        "c1", "fetch", {"a": 1}, "error", "t1",
+        "c1", "fetch", {"raw": 1}, "error", "t1",
     )  # fmt: skip
     assert result.content == "long content", "the stored result is not changed"
     assert not any(SUMMARY_PREFIX in str(m.content) for m in out), "no mid-conversation system"
