@@ -379,3 +379,41 @@ def test_a_stale_copy_is_sent_placeholders_too(planner: Any) -> None:
     results = [i for i, m in enumerate(stale) if m.role == "tool"]
     assert set(results[:-1]) <= set(w.placeholders)
     assert d.state_of(CID) == before
+
+
+def test_compacting_steps_keeps_the_opener_and_shows_the_summary_with_it(planner: Any) -> None:
+    from demote.policy import Compact
+
+    msgs = agent_turn(6)
+    hi = 7  # a step boundary inside the turn
+
+    def extra(
+        state: ConversationState, records: Sequence[MessageRecord], base: int, p: Plan
+    ) -> dict[str, Any]:
+        if state.summarized:  # the summary covers [1, hi): the window starts there
+            return {"window_start": state.window_start, "opener": 0}
+        return {"compact": (1, hi)}
+
+    planner(contract_planner(extra))
+
+    class Notes:
+        def __init__(self) -> None:
+            self.seen: list[list[str]] = []
+
+        def summarize(self, previous: str | None, messages: Sequence[MessageRecord]) -> str:
+            self.seen.append([m.text for m in messages])
+            return "fetched pages 0-2"
+
+    notes, hook = Notes(), Hook()
+    policy = SlidingWindow(unit="tokens", limit=100_000, eviction=Compact(compact_count=10))
+    d = Demoter(policy, hook, summarizer=notes)
+    first = d.load(CID, msgs, describer(d))
+    assert first.opener is None and first.summary is None
+    assert d.drain(10), "the summary was not written in time"
+    assert notes.seen == [[m.text for m in msgs[1:hi]]], "the opener is not summarized away"
+    state = d.state_of(CID)
+    assert (state.window_start, state.summarized, state.summary) == (hi, hi, "fetched pages 0-2")
+    w = d.load(CID, msgs, describer(d))
+    assert (w.opener, w.summary, w.start) == (msgs[0], "fetched pages 0-2", hi)
+    assert sorted(hook.indexes) == list(range(hi)), "the summarized steps and the opener archived"
+    assert max(hook.deliveries.values()) == 1
