@@ -38,17 +38,20 @@ reach without demote (``create_agent`` writes a changed ``request.messages`` lis
 to the agent state).
 
 Otherwise the inner middleware gets ``request.override(messages=window)``: a new request
-holding a new list (pinned, summary, kept messages, recall), whose messages are the
-state's own objects. Of its in-place edits to that list:
+holding a new list (pinned, summary, opener, kept messages, recall), whose messages are
+the state's own objects, except copies made for the model: the opener carrying a progress
+note, and cleared or clipped tool results carrying their placeholder. Of its in-place
+edits to that list:
 
 - messages appended at its end are appended to the list this middleware was given, once
   the model call returns (as if the inner middleware had appended to it), so they reach
   the agent state as they would without demote;
 - any other edit of the list (insert, remove, replace, reorder) reaches only that model
   call; to change the state, return a ``Command`` or use a ``before_model`` hook;
-- edits to a message object itself are edits of the state's message (demote does not
-  copy messages); demote describes each message object once, so such an edit does not
-  change what demote has already recorded for it.
+- edits to a message object itself are edits of the state's message (demote copies
+  only the messages it changes for the model, whose edits reach that call only); demote
+  describes each message object once, so such an edit does not change what demote has
+  already recorded for it.
 
 This runs at every model call of one ``invoke``: a tool loop of a hundred calls is cut a
 hundred times, at step boundaries inside the turn (an assistant message and the results
