@@ -461,10 +461,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         new = committed.window_start
         if new > old:
             records, base = work.view.records, work.view.base
-            if self.policy.unit == "tokens":  # the plan counted the window already
-                after = work.plan.size
-            else:
-                after = sum(r.tokens for r in records[new - base :])
+            # The kept messages as stored (a plan's size may count pinned messages, the
+            # opener, reserved tokens or placeholders too).
+            after = sum(r.tokens for r in records[new - base :])
             before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
             at = 1 if work.resynced else 0
             work.events.insert(
