@@ -59,11 +59,21 @@ class Work:
     resynced: bool
     known: bool  # the hook may hold some of these messages already (re-sync, clear)
     events: list[DemoteEvent] = field(default_factory=list)
+    reserved: int = 0  # tokens outside the messages the plan left room for
 
     @property
     def changed(self) -> bool:
         # The planner's answer is the committed state itself when nothing moved.
         return self.target is not (self.stored or FRESH)
+
+    @property
+    def deliver_end(self) -> int:
+        """End of what the hook must hold once this work is done.
+
+        Past the window start when results in the window are sent as placeholders
+        (their content goes to the hook first).
+        """
+        return max(self.target.window_start, self.plan.deliver.stop)
 
 
 @dataclass(slots=True, eq=False)
@@ -211,8 +221,7 @@ class DeliveryMixin:
 
     def _deliverable(self, cid: str, work: Work) -> bool:
         """Are messages pending, and may the hook be called for them now?"""
-        target = work.target
-        return target.delivered < target.window_start and self._retry.ready(cid)
+        return work.target.delivered < work.deliver_end and self._retry.ready(cid)
 
     def _settle(
         self, hold: Hold, work: Work
@@ -224,7 +233,7 @@ class DeliveryMixin:
         """
         cid = hold.conversation_id
         target, stored = work.target, work.stored
-        delivered, end = target.delivered, target.window_start
+        delivered, end = target.delivered, work.deliver_end
         demoted = 0
         error: Exception | None = None
         if delivered < end and self._deliverable(cid, work):
@@ -552,8 +561,7 @@ class DeliveryMixin:
             current is not None
             and current.generation == d.generation
             and current.delivered == d.lo
-            and current.window_start >= d.hi
-        ):
+        ):  # (``hi`` may pass the window start: results sent as placeholders)
             late = replace(current, delivered=d.hi)
             if (yield from self._commit(hold, current, late, release=True)):
                 self._retry.succeeded(cid)

@@ -8,6 +8,10 @@ appended) is recognised. Views are bounded: the least recently loaded conversati
 first, and a conversation without one is described again, which costs time, not
 correctness.
 
+A view also caches the texts the model is sent instead of cleared or clipped tool results
+(:func:`replaced_texts`), by position and fingerprint, so a window with many placeholders
+does not hash a dedup key per placeholder on every load.
+
 *Sent* records remember, per conversation, which (position, fingerprint) pairs this
 process delivered, so a re-synced history (a rewrite, a fork from an earlier checkpoint)
 does not hand a hook without ``has_keys`` the messages it already received.
@@ -20,15 +24,22 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from demote._groups import GroupIndex
-from demote.planner import plan
+from demote.clearing import clipped_text, placeholder_text
+from demote.planner import Plan, needed_from, plan
 from demote.policy import SlidingWindow
-from demote.records import TRAIL_DIGITS, TRAIL_KEPT, ConversationState, MessageRecord
+from demote.records import (
+    TRAIL_DIGITS,
+    TRAIL_KEPT,
+    ConversationState,
+    MessageRecord,
+    make_key,
+)
 
-__all__ = ["SENT_KEPT", "View", "ViewCache", "snapshot_bounds", "trail_at"]
+__all__ = ["SENT_KEPT", "View", "ViewCache", "replaced_texts", "snapshot_plan", "trail_at"]
 
 T = TypeVar("T")
 
@@ -47,7 +58,9 @@ class View:
     record; ``left[i]`` is the fingerprint of the message at ``left_base + i``, one of the
     newest that moved out of the view. ``index`` is the planner's group index over (a
     suffix of) those records, set once by the load that made the view; it is only handed
-    back to the planner while the messages it covers are the same objects.
+    back to the planner while the messages it covers are the same objects. ``texts``
+    maps a position to ``(fingerprint, kind, text)``: a placeholder or clipped text made
+    for the record there (shared by the views that follow, checked by fingerprint).
     """
 
     base: int
@@ -56,6 +69,7 @@ class View:
     index: GroupIndex | None = None
     left_base: int = 0
     left: tuple[str, ...] = ()
+    texts: dict[int, tuple[str, str, str]] = field(default_factory=dict)
 
 
 def _short(fp: str) -> int:
@@ -168,7 +182,12 @@ class ViewCache:
             left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
             left = left[-_LEFT_KEPT:]
             left_base = lo - len(left)
-        view = View(lo, raws, records, index, left_base, left)
+        texts: dict[int, tuple[str, str, str]] = {}
+        if view is not None and view.texts:
+            texts = view.texts
+            if len(texts) > len(records):  # positions that left the view
+                texts = {i: t for i, t in texts.items() if i >= lo}
+        view = View(lo, raws, records, index, left_base, left, texts)
         with self._lock:
             views = self._views
             views[conversation_id] = view
@@ -237,25 +256,63 @@ def _trail_says(state: ConversationState, index: int, fp: str) -> bool:
     return state.trail[at : at + d] == fp[:d]
 
 
-def snapshot_bounds(
+def snapshot_plan(
     policy: SlidingWindow,
     messages: Sequence[T],
     describe: Callable[[T], MessageRecord],
     state: ConversationState,
-) -> tuple[int, int, str | None]:
-    """Pinned count, window start and summary for a stale copy (nothing is committed).
+    reserved: int = 0,
+) -> tuple[Plan, View, str | None]:
+    """The plan, a throwaway view and the summary for a stale copy (nothing is committed).
 
-    A copy shorter than the window start is planned on its own (what its cut leaves out
-    was demoted); a longer one gets the committed window, ending where it ends.
+    A copy shorter than the window start is planned on its own, from a fresh state (what
+    its cut leaves out was demoted); a longer one against the committed state, so it gets
+    the committed window (or one further on), ending where it ends, with the opener,
+    placeholders and clipped results of its own plan. Either way the copy's window obeys
+    the policy.
     """
     n = len(messages)
-    if n < state.window_start:
-        p = plan(policy, ConversationState(), [describe(m) for m in messages])
-        return p.pinned, p.window_start, state.summary if state.summarized <= n else None
-    if state.window_start > state.pinned:
-        return state.pinned, state.window_start, state.summary
-    pinned = 0  # nothing demoted yet: the window starts after the pinned prefix as it is
-    if policy.pin_system:
-        while pinned < n and describe(messages[pinned]).role == "system":
-            pinned += 1
-    return pinned, pinned, state.summary
+    basis = state if n >= state.window_start else ConversationState()
+    lo = needed_from(basis)
+    raws = list(messages[lo:])
+    view = View(lo, raws, [describe(m) for m in raws])
+    p = plan(policy, basis, view.records, base=lo, reserved=reserved)
+    if p.rewritten:  # not the committed history after all: its own window
+        raws = list(messages)
+        view = View(0, raws, [describe(m) for m in raws])
+        p = plan(policy, ConversationState(), view.records, reserved=reserved)
+    return p, view, state.summary if state.summarized <= n else None
+
+
+def replaced_texts(
+    conversation_id: str, view: View, p: Plan, head_chars: Callable[[str], int]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """What the model is sent instead of the plan's cleared and clipped tool results.
+
+    Each text names the message's dedup key (the key the hook archived it under), its
+    tool and its token count (:mod:`demote.clearing`); a clipped one starts with the
+    first ``head_chars(text)`` characters of the result. Made once per position and
+    fingerprint (cached in ``view.texts``).
+
+    Returns:
+        ``(placeholders, clipped)``: absolute index -> text.
+    """
+    base, records, cache = view.base, view.records, view.texts
+    out: tuple[dict[int, str], dict[int, str]] = ({}, {})
+    for kind, indexes in ((0, p.placeholders), (1, p.clipped)):
+        tag = "pc"[kind]
+        into = out[kind]
+        for i in indexes:
+            rec = records[i - base]
+            hit = cache.get(i)
+            if hit is not None and hit[0] == rec.fingerprint and hit[1] == tag:
+                into[i] = hit[2]
+                continue
+            key = make_key(conversation_id, i, rec.fingerprint)
+            if kind == 0:
+                text = placeholder_text(key, rec.tool, rec.tokens)
+            else:
+                text = clipped_text(rec.text, head_chars(rec.text), key, rec.tool, rec.tokens)
+            cache[i] = (rec.fingerprint, tag, text)
+            into[i] = text
+    return out

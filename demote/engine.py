@@ -51,7 +51,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from demote._closing import Closing
@@ -61,8 +61,9 @@ from demote._erasing import EraseMixin
 from demote._flow import Flow, drive_async, drive_sync
 from demote._runner import HookRunner, LeaseKeeper
 from demote._validate import count, seconds
-from demote._views import View, ViewCache, snapshot_bounds, trail_at
+from demote._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
 from demote.breaker import Throttle, breaker_of
+from demote.clearing import PLACEHOLDER_TOKENS
 from demote.erase import EraseReport
 from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
 from demote.events import (
@@ -75,13 +76,14 @@ from demote.events import (
 )
 from demote.hooks.simple import NoopHook, check_hook
 from demote.planner import Plan, needed_from, plan
-from demote.policy import Compact, SlidingWindow
+from demote.policy import ClearToolResults, Compact, SlidingWindow
 from demote.records import (
     ROLES,
     ConversationState,
     MessageRecord,
     Role,
     fingerprint,
+    make_key,
 )
 from demote.retry import Backoff, RetryTracker
 from demote.state.base import Lease, StateStore, validate_conversation_id
@@ -89,15 +91,31 @@ from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
 from demote.tokens import TokenCache
 
-__all__ = ["SUMMARY_PREFIX", "Demoter", "Window", "render_summary"]
+__all__ = [
+    "PROGRESS_PREFIX",
+    "SUMMARY_PREFIX",
+    "Demoter",
+    "Window",
+    "render_progress",
+    "render_summary",
+]
 
 #: How adapters introduce the running summary to the model (one system message).
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+#: How adapters introduce the running summary when the window starts inside a turn: a
+#: progress note on the task the opener set, sent with the opener (see :class:`Window`).
+PROGRESS_PREFIX = "Progress so far on this task (earlier steps, summarized):\n"
 
 
 def render_summary(summary: str) -> str:
     """The text of the one system message that carries the running summary."""
     return SUMMARY_PREFIX + summary
+
+
+def render_progress(summary: str) -> str:
+    """The text of the progress note that carries the summary after a window's opener."""
+    return PROGRESS_PREFIX + summary
 
 
 logger = logging.getLogger("demote")
@@ -129,14 +147,37 @@ class Window(Generic[T]):
         demoted: Messages this call handed to the hook.
         pending: Messages that left the window but the hook has not accepted yet (they
             are retried with backoff; the inner store still has them).
-        delivered: The hook's watermark: messages before it were accepted.
-        events: What this load did (demoted, delivered, failed, re-synced, degraded),
-            oldest first.
+        delivered: The hook's watermark: messages before it were accepted. It may run
+            ahead of ``start``: cleared and clipped tool results in the window are handed
+            to the hook before the model is sent their placeholders.
+        events: What this load did (demoted, delivered, failed, re-synced, cleared,
+            overhang, degraded), oldest first.
         degraded: The state store failed or was skipped (its breaker is open): the window
             was planned without it (from the history alone when even the read failed:
             the policy over a fresh state, pinned messages kept), and nothing was
             delivered or committed. ``pending`` and ``delivered`` are then as planned,
             not as committed. The next load after the store is back catches up.
+        opener: When the window starts inside a turn (at a step boundary), the message
+            that opened the turn, sent between the summary and ``messages`` so the model
+            still sees the task (and every request starts with a user message); else
+            ``None``. It is before ``start``: it was handed to the hook too.
+        opener_index: The opener's absolute index (recall skips it: the model sees it).
+        placeholders: Absolute index -> the text the model is sent instead of that tool
+            result's content (cleared: :func:`demote.clearing.placeholder_text`, naming
+            the archived key). Adapters send a copy of the message with this content and
+            everything else (call id, tool name, status, ids) kept.
+        clipped: Absolute index -> the head of an oversized tool result and a placeholder
+            for the rest (:func:`demote.clearing.clipped_text`), sent the same way.
+        overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
+            messages, the opener, the newest step after clipping) alone exceeds the
+            limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
+
+    How adapters render it for the model: ``pinned``, then the summary (one system
+    message, :func:`render_summary`) unless there is an ``opener``, then the opener (with
+    the summary as a progress note, :func:`render_progress`, appended to a copy of it as
+    one more text block: a system message mid-conversation is refused by some providers,
+    and a second user message in a row by others), then ``messages`` with
+    ``placeholders`` and ``clipped`` applied.
     """
 
     conversation_id: str
@@ -149,10 +190,20 @@ class Window(Generic[T]):
     pending: int = 0
     delivered: int = 0
     events: tuple[DemoteEvent, ...] = ()
+    opener: T | None = None
+    placeholders: dict[int, str] = field(default_factory=dict)
+    clipped: dict[int, str] = field(default_factory=dict)
+    overhang: int = 0
+    opener_index: int | None = None
     degraded: bool = False
 
     def __len__(self) -> int:
-        return len(self.pinned) + len(self.messages)
+        return len(self.pinned) + (self.opener is not None) + len(self.messages)
+
+    def replacement(self, index: int) -> str | None:
+        """The text sent instead of the content of the message at ``index``, if any."""
+        text = self.placeholders.get(index)
+        return self.clipped.get(index) if text is None else text
 
 
 def _call_ids(opens: object) -> tuple[str, ...]:
@@ -275,6 +326,12 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             )
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
+        clearing = policy.clearing
+        self._head_tokens: int = (
+            clearing.head_tokens
+            if clearing is not None
+            else ClearToolResults.model_fields["head_tokens"].default
+        )
         self._noop = type(self.hook) is NoopHook
         self._probe = callable(getattr(self.hook, "has_keys", None))
         self._direct = bool(getattr(store, "nonblocking", False))
@@ -327,24 +384,41 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         conversation_id: str,
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
+        *,
+        reserved: int = 0,
     ) -> Window[T]:
-        """Plan the window, deliver what is pending, commit, return the window."""
-        return drive_sync(self._flow(conversation_id, messages, describe))
+        """Plan the window, deliver what is pending, commit, return the window.
+
+        Args:
+            conversation_id: The conversation.
+            messages: Its full history, oldest first.
+            describe: Describes one message (the adapter's ``to_core``).
+            reserved: Tokens the model is sent besides these messages that count toward
+                a token limit (an agent's system prompt and tool definitions); the
+                window leaves room for them. Ignored in other units.
+
+        Raises:
+            ConfigError: ``reserved`` is not an int ``>= 0``.
+        """
+        return drive_sync(self._flow(conversation_id, messages, describe, reserved))
 
     async def aload(
         self,
         conversation_id: str,
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
+        *,
+        reserved: int = 0,
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited."""
-        return await drive_async(self._flow(conversation_id, messages, describe))
+        return await drive_async(self._flow(conversation_id, messages, describe, reserved))
 
     def _flow(
         self,
         conversation_id: str,
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
+        reserved: int = 0,
     ) -> Flow[Window[T]]:
         if type(conversation_id) is str and conversation_id in self._views:
             cid = conversation_id  # a cached view's id was checked when it was made
@@ -358,6 +432,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             )
         if not callable(describe):
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
+        count("reserved", reserved, minimum=0)
         tally = self._tally
         with tally.lock:
             tally.loads += 1
@@ -366,12 +441,14 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         except Exception as exc:  # down, slow or skipped: plan from the history alone
             if self.on_store_error == "raise":
                 raise
-            window = self._degraded(cid, self._from_history(cid, messages, describe), exc)
+            window = self._degraded(
+                cid, self._from_history(cid, messages, describe, reserved), exc
+            )
             self._observers.publish(window.events)
             return window
         if self._degraded_since is not None:
             self._recovered()
-        work = self._prepare(cid, messages, describe, stored)
+        work = self._prepare(cid, messages, describe, stored, reserved)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -415,7 +492,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                     hold.lease = lease
                     self._keeper.hold(lease)
                     if lease.state != stored:  # it moved on since we read it: plan again
-                        replanned = self._prepare(cid, work.messages, describe, lease.state)
+                        replanned = self._prepare(
+                            cid, work.messages, describe, lease.state, work.reserved
+                        )
                         if isinstance(replanned, Window):
                             yield from self._release(hold)
                             return replanned, None
@@ -454,12 +533,17 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     # -- degraded loads -----------------------------------------------------------------------
 
     def _from_history(
-        self, cid: str, messages: Sequence[T], describe: Callable[[T], MessageRecord]
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        reserved: int = 0,
     ) -> Window[T]:
         """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
         view = self._views.records(cid, messages, 0, describe)
-        p = plan(self.policy, FRESH, view.records, base=0)
-        work = Work(messages, None, p, view, self._advance(FRESH, p, view), False, False)
+        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
+        target = self._advance(FRESH, p, view)
+        work = Work(messages, None, p, view, target, False, False, reserved=reserved)
         return self._window(cid, work)
 
     def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
@@ -544,15 +628,67 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         new = committed.window_start
         if new > old:
             records, base = work.view.records, work.view.base
-            if self.policy.unit == "tokens":  # the plan counted the window already
-                after = work.plan.size
-            else:
-                after = sum(r.tokens for r in records[new - base :])
+            # The kept messages as stored (a plan's size may count pinned messages, the
+            # opener, reserved tokens or placeholders too).
+            after = sum(r.tokens for r in records[new - base :])
             before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
             at = 1 if work.resynced else 0
             work.events.insert(
                 at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
             )
+        cleared = self._cleared_event(cid, work, prev)
+        if cleared is not None:
+            work.events.append(cleared)
+
+    def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
+        """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
+        p = work.plan
+        fresh = [i for i in p.placeholders if i >= prev.cleared]
+        clipped = [i for i in p.clipped if i >= prev.delivered]
+        if not (fresh or clipped):
+            return None
+        records, base = work.view.records, work.view.base
+        indexes = sorted((*fresh, *clipped))
+        before = sum(records[i - base].tokens for i in indexes)
+        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
+            self._head_tokens + PLACEHOLDER_TOKENS
+        )
+        keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
+        return DemoteEvent(
+            "cleared", cid, indexes[0], indexes[-1] + 1, len(indexes), keys, before, after
+        )
+
+    def _overhang_event(self, cid: str, work: Work) -> DemoteEvent:
+        """``overhang``: what cannot be cut alone exceeds the limit (every such load)."""
+        p = work.plan
+        return DemoteEvent(
+            "overhang",
+            cid,
+            p.window_start,
+            p.end,
+            p.end - p.window_start,
+            tokens_before=p.size,
+            tokens_after=p.overhang,
+        )
+
+    def _head_chars(self, text: str) -> int:
+        """How many leading characters of ``text`` fit in the clipped head's tokens.
+
+        The longest prefix the policy's counter counts within ``head_tokens``: four
+        characters a token first (exact for the approximate counter), then by bisection.
+        """
+        tokens, counter = self._head_tokens, self.policy.resolved_counter()
+        n = min(len(text), 4 * tokens)
+        if counter(text[:n]) <= tokens:
+            return n
+        lo, hi = 0, n - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if counter(text[:mid]) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _prepare(
         self,
@@ -560,17 +696,21 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
+        reserved: int = 0,
     ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
         state = stored or FRESH
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
-            # rewrite, and not the current history either. Serve it, change nothing.
-            pinned, start, summary = snapshot_bounds(self.policy, messages, describe, state)
-            pending = max(0, state.window_start - state.delivered)
-            return self._slice(cid, messages, pinned, start, summary, 0, pending, state.delivered)
+            # rewrite, and not the current history either. Serve it its own window
+            # (planned, bounded, placeholders and all), change nothing.
+            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
+            stale = Work(messages, stored, p, view, state, False, False, reserved=reserved)
+            return self._window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
-        p = plan(self.policy, state, view.records, base=view.base, index=view.index)
+        p = plan(
+            self.policy, state, view.records, base=view.base, index=view.index, reserved=reserved
+        )
         resynced = False
         if p.rewritten:
             logger.warning(
@@ -582,7 +722,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             )
             state = ConversationState(generation=state.generation + 1)
             view = self._views.records(cid, messages, 0, describe)
-            p = plan(self.policy, state, view.records, base=0)  # no index: rewritten
+            p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
             resynced = True
         view.index = p.index
         target = self._advance(state, p, view)
@@ -597,21 +737,26 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 cid,
             )
         known = resynced or state.generation > 0
-        return Work(messages, stored, p, view, target, resynced, known)
+        return Work(messages, stored, p, view, target, resynced, known, reserved=reserved)
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
-        """The state with the plan's window applied (``delivered`` moves only for Noop)."""
+        """The state with the plan's window and clearing watermark applied.
+
+        ``delivered`` is the plan's ``deliver_from`` (the hook's watermark as the plan
+        reads it); it moves past it only for Noop, which accepts everything at once.
+        """
         start = p.window_start
         anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
-        fresh = state.window_start <= state.pinned  # nothing was demoted before
-        delivered = p.pinned if fresh else state.delivered
+        delivered = p.deliver_from
         if self._noop:  # it keeps nothing, so it accepts everything at once
-            delivered = max(delivered, start)
-        if (start, delivered, p.pinned, anchor) == (
+            delivered = max(delivered, p.deliver.stop)
+        cleared = max(state.cleared, p.cleared)
+        if (start, delivered, p.pinned, anchor, cleared) == (
             state.window_start,
             state.delivered,
             state.pinned,
             state.anchor,
+            state.cleared,
         ):
             return state
         trail = (
@@ -628,6 +773,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             state.offset,
             state.generation,
             trail,
+            cleared,
         )
 
     def _unconfirmed(self, cid: str, work: Work) -> None:
@@ -645,41 +791,47 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         state: ConversationState | None = None,
         demoted: int = 0,
     ) -> Window[Any]:
-        """The window ``work`` planned, with the watermark of ``state`` (or the target)."""
+        """The window ``work`` planned, with the watermark of ``state`` (or the target).
+
+        Pending: what the model is no longer sent in full (it left the window, or it is
+        sent as a placeholder) and the hook has not accepted. A placeholder is sent even
+        then: the bound wins, the content stays pending and is retried.
+        """
         p, s = work.plan, state or work.target
-        pending = max(0, p.window_start - max(s.delivered, p.pinned))
+        pending = max(0, p.deliver.stop - max(s.delivered, p.pinned))
         events = tuple(work.events) if work.events else ()
-        return self._slice(
+        messages = work.messages
+        n = len(messages)
+        start = min(p.window_start, n)
+        if type(messages) is list:  # a list's slices are already fresh lists
+            head, kept = messages[: p.pinned], messages[start:]
+        else:
+            head, kept = list(messages[: p.pinned]), list(messages[start:])
+        if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
+            summary, delivered = s.summary, s.delivered
+            return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
+        if p.overhang:
+            events = (*events, self._overhang_event(cid, work))
+        placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
+        at = p.opener if p.opener is not None and p.opener < n else None
+        opener = None if at is None else messages[at]
+        return Window(
             cid,
-            work.messages,
-            p.pinned,
-            p.window_start,
+            head,
             s.summary,
+            kept,
+            start,
+            n,
             demoted,
             pending,
             s.delivered,
             events,
+            opener,
+            placeholders,
+            clipped,
+            p.overhang,
+            at,
         )
-
-    @staticmethod
-    def _slice(
-        cid: str,
-        messages: Sequence[T],
-        pinned: int,
-        start: int,
-        summary: str | None,
-        demoted: int,
-        pending: int,
-        delivered: int,
-        events: tuple[DemoteEvent, ...] = (),
-    ) -> Window[T]:
-        n = len(messages)
-        start = min(start, n)
-        if type(messages) is list:  # a list's slices are already fresh lists
-            head, kept = messages[:pinned], messages[start:]
-        else:
-            head, kept = list(messages[:pinned]), list(messages[start:])
-        return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
 
     # -- lifecycle -------------------------------------------------------------------------
 

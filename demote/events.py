@@ -1,8 +1,9 @@
 """What the engine did, as small records: events, observers, and stats.
 
 Every load that moves the window, delivers a batch, fails to deliver, re-syncs a rewritten
-history, commits a compaction, or goes on without its state store (``degraded``) produces
-one :class:`DemoteEvent` per thing it did. A
+history, clears tool results, commits a compaction, or goes on without its state store
+(``degraded``) produces one :class:`DemoteEvent` per thing it did; a load whose window cannot
+obey the limit (``overhang``) says so each time. A
 load returns its own events with its window (:attr:`demote.Window.events`), so an adapter
 can report them inside the run that caused them (LangChain callbacks, LlamaIndex
 instrumentation); background work (a summary being written) reports only to observers.
@@ -46,6 +47,8 @@ EventKind = Literal[
     "compaction_failed",
     "recalled",
     "degraded",
+    "cleared",
+    "overhang",
 ]
 
 #: What a ``degraded`` event names as the part of the memory layer that failed.
@@ -63,14 +66,23 @@ class DemoteEvent:
             ``compaction_started`` / ``compaction_committed`` / ``compaction_failed``
             (a running summary), ``recalled`` (an adapter read the long tail back),
             ``degraded`` (a state store, recall or capture failed or was skipped: the
-            chat went on without it; see ``source``).
+            chat went on without it; see ``source``),
+            ``cleared`` (tool results in the window are sent from now on as a
+            placeholder, or clipped to their head and a placeholder; their content goes
+            to the hook first, or stays pending if it refuses), ``overhang`` (what
+            cannot be cut, pinned messages, the opener and the newest step, alone
+            exceeds the limit; reported on every such load).
         conversation_id: The conversation.
         start: First message index concerned (absolute).
         end: One past the last index concerned.
         count: How many messages (a batch skips what the hook already holds).
-        keys: Dedup keys of the messages (``delivered``, ``delivery_failed``, ``recalled``).
-        tokens_before: Tokens in the window before a cut (``demoted``).
-        tokens_after: Tokens in the window after it.
+        keys: Dedup keys of the messages (``delivered``, ``delivery_failed``, ``recalled``,
+            ``cleared``: the keys the placeholders name).
+        tokens_before: Tokens in the window before a cut (``demoted``); the cleared
+            results' content (``cleared``); the window's size (``overhang``).
+        tokens_after: Tokens in the window after it (``demoted``); what the model is
+            sent instead (``cleared``); how far the window exceeds the limit
+            (``overhang``).
         duration: Seconds the hook, summarizer or recall took.
         error: The failure, as ``repr(exception)``.
         retry_in: Seconds until the next delivery attempt (``delivery_failed``), or

@@ -43,12 +43,17 @@ class Load:
     conversation_id: str
     messages: Sequence[BaseMessage]
     describe: Callable[[BaseMessage], MessageRecord]
+    reserved: int = 0  # tokens of the system message and tools
 
     def run_sync(self) -> Window[BaseMessage]:
-        return self.demoter.load(self.conversation_id, self.messages, self.describe)
+        return self.demoter.load(
+            self.conversation_id, self.messages, self.describe, reserved=self.reserved
+        )
 
     async def run_async(self) -> Window[BaseMessage]:
-        return await self.demoter.aload(self.conversation_id, self.messages, self.describe)
+        return await self.demoter.aload(
+            self.conversation_id, self.messages, self.describe, reserved=self.reserved
+        )
 
 
 @dataclass(slots=True)

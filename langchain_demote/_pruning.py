@@ -103,14 +103,20 @@ def prune_update(
     """The state update removing what the hook accepted, or ``None`` if nothing new.
 
     ``window.delivered`` is the watermark the load committed (or found): only what the
-    hook accepted is pruned, never what is still pending.
+    hook accepted is pruned, never what is still pending. Nor what the model is still
+    sent: the watermark may run past the window start (cleared tool results in the
+    window), and the opener of a window that starts inside a turn is before it; the
+    prune stops below both.
     """
-    if window.delivered <= len(window.pinned):
+    limit = min(window.delivered, window.start)
+    if window.opener_index is not None:
+        limit = min(limit, window.opener_index)
+    if limit <= len(window.pinned):
         return None  # nothing delivered yet
     pinned = pruned["pinned"] if pruned else len(window.pinned)
     removed = pruned["removed"] if pruned else 0
-    # Keep the message just before the watermark: the engine reads it (its anchor).
-    count = window.delivered - 1 - (pinned + removed)
+    # Keep the message just before the limit: the engine reads it (its anchor).
+    count = limit - 1 - (pinned + removed)
     if count <= 0:
         return None
     victims = list(messages[pinned : pinned + count])

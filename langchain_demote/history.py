@@ -16,6 +16,13 @@ input without ``history_messages_key``, once more at the end, slicing its input 
 length of the first read. So each instance remembers its last window, keyed on the inner
 store's length and last message: the window changes only when messages are added.
 
+Agents and custom LangGraph loops that read :attr:`~DemotingChatMessageHistory.messages`
+before every model call get a window cut at every read: inside one long turn it starts at
+a step boundary and keeps the turn's opener, and old tool results may be sent as
+placeholders (:func:`render_window` says how the window becomes messages). Give
+``reserved=`` the tokens of what the loop sends besides the messages (system prompt, tool
+definitions) so the window leaves room for them.
+
 What a read did (demoted, delivered, failed to deliver, re-synced) is dispatched as
 LangChain custom events (``"demote.demoted"``, ...) in the run that read the history, such
 as ``RunnableWithMessageHistory``'s history step (see :mod:`langchain_demote.callbacks`);
@@ -31,12 +38,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from demote._checks import check_message, check_messages
 from demote._erase_flow import Twin, erase_conversation
 from demote._flow import Call, Flow, drive_async, drive_sync
-from demote.engine import Demoter, Window
+from demote._validate import count
+from demote.engine import Demoter, Window, render_progress, render_summary
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent
@@ -44,13 +52,54 @@ from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
 from langchain_demote.callbacks import adispatch_events, dispatch_events
-from langchain_demote.messages import from_core, message_text, to_core
+from langchain_demote.messages import message_text, to_core
 
-__all__ = ["DemotingChatMessageHistory", "with_demotion"]
+__all__ = ["DemotingChatMessageHistory", "render_window", "with_demotion"]
 
 P = ParamSpec("P")
 
 _Memo = tuple[int, str | None, list[BaseMessage]]
+
+
+def _with_note(message: BaseMessage, note: str) -> BaseMessage:
+    """A copy of ``message`` with ``note`` as one more text block at the end."""
+    content = message.content
+    blocks: list[Any] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    )
+    blocks.append({"type": "text", "text": note})
+    return message.model_copy(update={"content": blocks})
+
+
+def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
+    """The messages the model is sent for a window (a new list).
+
+    In order: the pinned system messages; the running summary as one ``SystemMessage``
+    when the window starts at a turn; or, when it starts inside a turn, the turn's opener,
+    with the summary (of the earlier steps) appended to a copy of it as one more text
+    block, a progress note (a system message mid-conversation is refused by some
+    providers, two user messages in a row by others); then the kept messages, each
+    cleared or clipped tool result as a copy whose content is the placeholder text
+    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
+    messages are never changed.
+
+    Args:
+        window: What :meth:`demote.Demoter.load` returned.
+    """
+    out = list(window.pinned)
+    summary, opener = window.summary, window.opener
+    if opener is None:
+        if summary is not None:
+            out.append(SystemMessage(render_summary(summary)))
+    else:
+        out.append(opener if summary is None else _with_note(opener, render_progress(summary)))
+    if not (window.placeholders or window.clipped):
+        out.extend(window.messages)
+        return out
+    for i, message in enumerate(window.messages, window.start):
+        text = window.replacement(i)
+        out.append(message if text is None else message.model_copy(update={"content": text}))
+    return out
 
 
 class DemotingChatMessageHistory(BaseChatMessageHistory):
@@ -73,10 +122,14 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         conversation_id: The conversation's id (the session id).
         capture: Optional :class:`~demote.hooks.base.Capture`: each new user message is
             sent to it as a :class:`~demote.records.CapturedTurn` once it is stored.
+        reserved: Tokens the caller sends the model besides :attr:`messages` (its
+            system prompt, its tools' JSON schemas), counted toward a token window's
+            limit (see :meth:`demote.Demoter.load`).
 
     Raises:
         ConversationIdError: ``conversation_id`` is empty, not a string, or unusable.
-        ConfigError: ``inner``, ``demoter`` or ``capture`` is not what it should be.
+        ConfigError: ``inner``, ``demoter``, ``capture`` or ``reserved`` is not what it
+            should be.
     """
 
     def __init__(
@@ -86,6 +139,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         conversation_id: str,
         *,
         capture: Capture | None = None,
+        reserved: int = 0,
     ) -> None:
         super().__init__()
         self.conversation_id = validate_conversation_id(conversation_id)
@@ -98,6 +152,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self.inner = inner
         self.demoter = demoter
         self.capture = capture
+        self.reserved = count("reserved", reserved, minimum=0)
         self._memo: _Memo | None = None
         self._length: int | None = None  # inner store length, when known without a read
 
@@ -105,12 +160,14 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        """The active window: pinned system messages, summary, kept messages."""
+        """The active window as messages (see :func:`render_window`)."""
         raw = self.inner.messages
         hit = self._recall(raw)
         if hit is not None:
             return hit
-        window = self.demoter.load(self.conversation_id, raw, self._describe)
+        window = self.demoter.load(
+            self.conversation_id, raw, self._describe, reserved=self.reserved
+        )
         if window.events:
             dispatch_events(window.events)
         return self._remember(raw, window)
@@ -121,7 +178,9 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         hit = self._recall(raw)
         if hit is not None:
             return hit
-        window = await self.demoter.aload(self.conversation_id, raw, self._describe)
+        window = await self.demoter.aload(
+            self.conversation_id, raw, self._describe, reserved=self.reserved
+        )
         if window.events:
             await adispatch_events(window.events)
         return self._remember(raw, window)
@@ -151,7 +210,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
     def _remember(
         self, raw: Sequence[BaseMessage], window: Window[BaseMessage]
     ) -> list[BaseMessage]:
-        out = from_core(window)
+        out = render_window(window)
         self._memo = (len(raw), self._tail_mark(raw), out)
         return list(out)
 

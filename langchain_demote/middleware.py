@@ -16,10 +16,15 @@ times on the same, growing state) :meth:`DemotingMiddleware.wrap_model_call`:
 2. runs :meth:`demote.Demoter.load` over the messages the model node was given. The
    engine delivers what fell out of the window to the hook and commits its watermark, so a
    message re-read on the next model call of the same loop is not delivered again;
-3. sends the model only the window: pinned system messages, the committed summary as one
-   ``SystemMessage``, the kept messages, and (with ``recall``) one ``SystemMessage`` of
-   recalled archive messages right before the newest human message. ``create_agent``'s
-   ``system_prompt`` is not part of ``messages``; the model node puts it first;
+3. sends the model only the window (:func:`langchain_demote.history.render_window`):
+   pinned system messages, the committed summary as one ``SystemMessage`` (or, when the
+   window starts inside the running turn, the turn's opener with the summary as a
+   progress note), the kept messages with old tool results cleared to placeholders, and
+   (with ``recall``) one ``SystemMessage`` of recalled archive messages right before the
+   newest human message. ``create_agent``'s ``system_prompt`` is not part of
+   ``messages``; the model node puts it first. It and the tool definitions (their JSON
+   schemas, as the provider is sent them) are counted under the policy's counter and
+   passed to the load as ``reserved``, so in a token window they count toward the limit;
 4. leaves the state alone (``prune_state=False``, the default) or, with
    ``prune_state=True``, returns a ``Command`` alongside the model response that removes
    the messages the hook has already accepted.
@@ -33,20 +38,26 @@ reach without demote (``create_agent`` writes a changed ``request.messages`` lis
 to the agent state).
 
 Otherwise the inner middleware gets ``request.override(messages=window)``: a new request
-holding a new list (pinned, summary, kept messages, recall), whose messages are the
-state's own objects. Of its in-place edits to that list:
+holding a new list (pinned, summary, opener, kept messages, recall), whose messages are
+the state's own objects, except copies made for the model: the opener carrying a progress
+note, and cleared or clipped tool results carrying their placeholder. Of its in-place
+edits to that list:
 
 - messages appended at its end are appended to the list this middleware was given, once
   the model call returns (as if the inner middleware had appended to it), so they reach
   the agent state as they would without demote;
 - any other edit of the list (insert, remove, replace, reorder) reaches only that model
   call; to change the state, return a ``Command`` or use a ``before_model`` hook;
-- edits to a message object itself are edits of the state's message (demote does not
-  copy messages); demote describes each message object once, so such an edit does not
-  change what demote has already recorded for it.
+- edits to a message object itself are edits of the state's message (demote copies
+  only the messages it changes for the model, whose edits reach that call only); demote
+  describes each message object once, so such an edit does not change what demote has
+  already recorded for it.
 
-Windows start on turn-group boundaries, so the model is never sent a tool result without
-its call, nor a call without its results (parallel calls included).
+This runs at every model call of one ``invoke``: a tool loop of a hundred calls is cut a
+hundred times, at step boundaries inside the turn (an assistant message and the results
+of its calls), so the model is never sent a tool result without its call, nor a call
+without its results (parallel calls included), and the first message after the system
+messages is always a user message (the opener, when the window starts inside a turn).
 
 What it reports
 ---------------
@@ -75,9 +86,12 @@ the kept messages back at their positions (:mod:`langchain_demote._pruning`).
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, NotRequired, cast
 
@@ -97,6 +111,8 @@ from langchain.agents.middleware.types import (
     PrivateStateAttr,
 )
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
@@ -119,7 +135,8 @@ from langchain_demote._pruning import (
     reconcile,
 )
 from langchain_demote.callbacks import adispatch_events, dispatch_events
-from langchain_demote.messages import from_core, message_role, message_text, to_core
+from langchain_demote.history import render_window
+from langchain_demote.messages import message_role, message_text, to_core
 
 __all__ = [
     "FIRST_MESSAGE_PREFIX",
@@ -139,6 +156,9 @@ RECALL_PREFIX = "Relevant earlier messages from this conversation:\n"
 
 #: How the conversation id of an agent invoked without a thread id begins.
 FIRST_MESSAGE_PREFIX = "first-message:"
+
+# How many tool definitions' token counts a middleware remembers (by tool object).
+_TOOLS_KEPT = 1024
 
 
 class DemotingAgentState(AgentState[Any]):
@@ -294,6 +314,8 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         if recall_role not in ("system", "human"):
             raise ConfigError(f"recall_role: must be 'system' or 'human', got {recall_role!r}")
         self._recall_message = SystemMessage if recall_role == "system" else HumanMessage
+        self._tool_tokens: OrderedDict[int, tuple[object, int]] = OrderedDict()
+        self._tool_lock = threading.Lock()
 
     # -- the two entry points: everything but the awaited I/O is shared ------------------
 
@@ -372,6 +394,42 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     def _describe(self, message: BaseMessage) -> MessageRecord:
         return to_core(message, self.demoter.describe)
 
+    def _reserved(self, request: ModelRequest[Any]) -> int:
+        """Tokens of the request outside its messages: system message and tools.
+
+        Counted only for a token window: the system message as a message (like the
+        window's own), each tool as the JSON schema the provider is sent, under the
+        policy's counter (a tool's count is kept per tool object).
+        """
+        if self.demoter.policy.unit != "tokens":
+            return 0
+        system = request.system_message
+        total = 0 if system is None else self._describe(system).tokens
+        tools = request.tools
+        if tools:
+            counter = self.demoter.policy.resolved_counter()
+            for tool in tools:
+                total += self._tool_count(tool, counter)
+        return total
+
+    def _tool_count(self, tool: BaseTool | dict[str, Any], counter: Callable[[str], int]) -> int:
+        key = id(tool)
+        with self._tool_lock:
+            hit = self._tool_tokens.get(key)
+            if hit is not None and hit[0] is tool:
+                self._tool_tokens.move_to_end(key)
+                return hit[1]
+        try:
+            schema: Any = convert_to_openai_tool(tool)
+        except Exception:  # a provider's own tool dict (web search, ...): as given
+            schema = tool
+        tokens = counter(json.dumps(schema, default=str, separators=(",", ":")))
+        with self._tool_lock:
+            self._tool_tokens[key] = (tool, tokens)  # the object too: its id stays its own
+            if len(self._tool_tokens) > _TOOLS_KEPT:
+                self._tool_tokens.popitem(last=False)
+        return tokens
+
     def _conversation(self, request: ModelRequest[Any]) -> str:
         """The conversation of this model call (see ``conversation_id``)."""
         if self.conversation_id is not None:
@@ -397,8 +455,11 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                 self.demoter, self._describe, cid, messages, pruned["pinned"], pruned["removed"]
             )
 
-        window: Window[BaseMessage] = yield Load(self.demoter, cid, messages, self._describe)
-        sent = from_core(window)
+        reserved = self._reserved(request)
+        window: Window[BaseMessage] = yield Load(
+            self.demoter, cid, messages, self._describe, reserved
+        )
+        sent = render_window(window)
         events = list(window.events)
         recalled = 0
         if self.recall is not None:
@@ -406,7 +467,10 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                 (i for i in range(len(sent) - 1, -1, -1) if message_role(sent[i]) == "user"),
                 None,
             )
-            query = message_text(sent[at]) if at is not None else ""
+            # The opener's own words, not its progress note.
+            opener_at = len(window.pinned) if window.opener is not None else None
+            source = window.opener if at is not None and at == opener_at else None
+            query = message_text(source or sent[at]) if at is not None else ""
             if at is not None and query.strip():
                 began = time.perf_counter()
                 try:
@@ -417,7 +481,9 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                     events.append(self.demoter.report_degraded(cid, "recall", exc))
                 else:
                     # Only the long tail: a message still in the window is sent anyway.
-                    hits = [h for h in hits if h.index < window.start]
+                    hits = [
+                        h for h in hits if h.index < window.start and h.index != window.opener_index
+                    ]
                     if hits:
                         sent.insert(at, self._recall_message(render_recall(hits)))
                     event = DemoteEvent.recalled(cid, hits, time.perf_counter() - began)
@@ -426,7 +492,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
                     recalled = len(hits)
 
         update = prune_update(cid, window, request.messages, pruned) if self.prune_state else None
-        metadata = {"demote": _run_metadata(window, recalled)}
+        metadata = {"demote": _run_metadata(window, recalled, reserved)}
         if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
             # The whole request: hand it on untouched.
             return Prepared(request, request, (), update, tuple(events), metadata)
@@ -434,16 +500,22 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         return Prepared(to_send, request, tuple(sent), update, tuple(events), metadata)
 
 
-def _run_metadata(window: Window[BaseMessage], recalled: int) -> dict[str, Any]:
+def _run_metadata(window: Window[BaseMessage], recalled: int, reserved: int) -> dict[str, Any]:
     """What the model call's run records about the window it was sent."""
     pinned = len(window.pinned)
+    opener = window.opener is not None
     return {
         "conversation_id": window.conversation_id,
         "pinned": pinned,
         "window": len(window.messages),
-        "cut": window.start - pinned,
+        "cut": window.start - pinned - opener,
         "total": window.total,
         "pending": window.pending,
         "summary": window.summary is not None,
         "recalled": recalled,
+        "opener": opener,
+        "cleared": len(window.placeholders),
+        "clipped": len(window.clipped),
+        "overhang": window.overhang,
+        "reserved": reserved,
     }

@@ -3,6 +3,14 @@
 Pure functions over the engine's :class:`~demote.engine.Window` (no I/O):
 :func:`assemble` builds the list (pinned, summary, kept messages, one recall message),
 :class:`Parts` bundles what the memory's hot path needs in one attribute.
+
+When the window starts inside a turn (a long agent run put into memory), the turn's
+opener comes right after the pinned messages and the running summary is appended to a
+copy of it as one more text block, a progress note (not a system message mid-
+conversation, which some providers refuse, nor a second user message in a row, which
+others refuse). Cleared and clipped tool results are sent as copies whose only block is
+the placeholder text; their ``additional_kwargs`` (``tool_call_id``, ``name``) stay.
+The chat store's messages are never changed.
 """
 
 from __future__ import annotations
@@ -10,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import ChatMessage, TextBlock
 
-from demote.engine import Demoter, Window, render_summary
+from demote.engine import Demoter, Window, render_progress, render_summary
 from demote.events import DemoteEvent
 from demote.hooks.base import Capture, Recall
 from demote.records import MessageRecord, Recalled
@@ -43,19 +51,29 @@ def _recall_point(messages: Sequence[ChatMessage], query: str | None) -> tuple[s
     return query, len(messages)
 
 
+def shown(window: Window[ChatMessage]) -> list[ChatMessage]:
+    """The conversation's messages sent after the pinned ones, as stored.
+
+    The opener (if the window starts inside a turn), then the kept messages.
+    """
+    if window.opener is None:
+        return window.messages
+    return [window.opener, *window.messages]
+
+
 def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) -> list[Recalled]:
     """The first ``k`` recalled messages the model does not already see in ``window``."""
     pinned = len(window.pinned)
-    shown: set[tuple[str, str]] | None = None  # only hits without an index need it
+    seen: set[tuple[str, str]] | None = None  # only hits without an index need it
     out = []
     for r in recalled:
         if r.index >= 0:
-            if r.index >= window.start or r.index < pinned:
+            if r.index >= window.start or r.index < pinned or r.index == window.opener_index:
                 continue
         else:
-            if shown is None:
-                shown = {(core_role(m), text_of(m)) for m in (*window.pinned, *window.messages)}
-            if (r.role, r.text) in shown:
+            if seen is None:
+                seen = {(core_role(m), text_of(m)) for m in (*window.pinned, *shown(window))}
+            if (r.role, r.text) in seen:
                 continue
         out.append(r)
         if len(out) == k:
@@ -63,14 +81,37 @@ def _visible(window: Window[ChatMessage], recalled: Sequence[Recalled], k: int) 
     return out
 
 
+def _body(window: Window[ChatMessage]) -> list[ChatMessage]:
+    """:func:`shown` as the model is sent it: progress note, placeholders applied."""
+    body = shown(window)
+    opener, summary = window.opener, window.summary
+    if opener is not None and summary:
+        note = TextBlock(text=render_progress(summary))
+        body = [opener.model_copy(update={"blocks": [*opener.blocks, note]}), *window.messages]
+    if not (window.placeholders or window.clipped):
+        return body
+    out = body[:1] if opener is not None else []
+    for i, message in enumerate(window.messages, window.start):
+        text = window.replacement(i)
+        out.append(
+            message
+            if text is None
+            else message.model_copy(update={"blocks": [TextBlock(text=text)]})
+        )
+    return out
+
+
 def assemble(
     window: Window[ChatMessage], recalled: Sequence[Recalled] = (), at: int = 0
 ) -> list[ChatMessage]:
-    """A new list: pinned, summary, kept messages, with the recall message inserted at ``at``."""
-    body = window.messages
+    """A new list: pinned, summary, the shown messages, the recall message inserted at ``at``.
+
+    ``at`` indexes :func:`shown` (opener first, when there is one).
+    """
+    body = _body(window)
     if recalled:
         body = [*body[:at], recall_message(recalled), *body[at:]]
-    if window.summary:
+    if window.summary and window.opener is None:
         return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
     return window.pinned + body
 
@@ -97,7 +138,7 @@ class Parts:
         """The recall, its query and where its message goes; ``None`` when nothing to ask."""
         if self.recall is None:
             return None
-        query, at = _recall_point(window.messages, input)
+        query, at = _recall_point(shown(window), input)
         return (self.recall, query, at) if query else None
 
     def recalled(

@@ -14,6 +14,17 @@ window. The memory then assembles what the model sees::
     the newest user message ...                    newest user message (or at the end,
                                                    when that message is not stored yet)
 
+When the window starts inside a turn (an agent run of many tool steps, put into memory
+when it ended), the summary line above is replaced by the turn's opener, which carries the
+summary of the earlier steps as a progress note, and old tool results come as
+placeholders naming their archived key (see :mod:`llamaindex_demote._prompt`).
+
+LlamaIndex's agents (``FunctionAgent``, ``ReActAgent``, ``AgentWorkflow``) read the memory
+before each model call of a run but keep that run's own steps in their scratchpad, which
+they send after the memory's messages and put into memory only when the run ends. So
+across runs the window cuts at steps like every other window; inside one run, what the
+model is sent is the window plus the run's scratchpad, which grows with every tool call.
+
 Recall sits next to the question rather than at the head, so the prompt prefix (pinned,
 summary, older kept messages) stays byte-identical between calls and provider prompt
 caches keep hitting. Recalled text is never written to the chat store, so it is never
