@@ -75,7 +75,7 @@ def _payload(block: Mapping[str, Any]) -> str | None:
         if isinstance(value, str):
             if key in _URL_KEYS and value.startswith("data:") and "," in value:
                 return value.split(",", 1)[1]
-            if key in _PAYLOAD_KEYS and len(value) > 64 and not value.startswith("http"):
+            if _is_payload(key, value):
                 return value
         elif isinstance(value, Mapping):
             inner = _payload(value)
@@ -174,7 +174,9 @@ def _image(kind: str, block: Mapping[str, Any]) -> int:
 
 def _bytes(block: Mapping[str, Any]) -> int | None:
     payload = _payload(block)
-    return None if payload is None else len(payload) * 3 // 4
+    if payload is None:
+        return None
+    return len(payload) * 3 // 4 - (len(payload) - len(payload.rstrip("=")))
 
 
 def _mime(block: Mapping[str, Any]) -> str:
@@ -249,6 +251,8 @@ def _is_payload(key: str, value: object) -> bool:
     if not isinstance(value, str):
         return False
     if key in _URL_KEYS and value.startswith("data:"):
+        return True
+    if key == "base64":
         return True
     return key in _PAYLOAD_KEYS and len(value) > 64 and not value.startswith("http")
 

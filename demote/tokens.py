@@ -31,6 +31,7 @@ from demote.errors import ConfigError, MissingExtraError
 
 __all__ = [
     "CALL_KEYS",
+    "CALL_OVERHEAD",
     "MESSAGE_OVERHEAD",
     "MessageCounter",
     "TokenCache",
@@ -44,6 +45,10 @@ __all__ = [
 
 #: Tokens added per message for role and framing (langchain-core uses 3).
 MESSAGE_OVERHEAD = 3
+
+#: Tokens added per tool call for its wire framing beyond ``{"id", "name", "args"}``
+#: (OpenAI sends ``{"id", "type": "function", "function": {"name", "arguments"}}``).
+CALL_OVERHEAD = 3
 
 #: The keys of one tool call in the neutral form: ``{"id", "name", "args"}``.
 CALL_KEYS = ("id", "name", "args")
@@ -207,7 +212,7 @@ def billed_tokens(
         text: The message text.
         counter: Counts text (``str -> int``).
         calls: Its tool calls, ``{"id", "name", "args"}`` each: each counts the JSON of
-            the call (name, id and arguments).
+            the call (name, id and arguments) plus :data:`CALL_OVERHEAD`.
         blocks: Its content blocks other than text (see :func:`block_tokens`).
         answers: The id of the tool call it answers (sent with the result).
 
@@ -219,7 +224,7 @@ def billed_tokens(
     for call in calls:
         ids.add(str(call.get("id")))
         shown = {k: call.get(k) for k in CALL_KEYS if call.get(k) is not None}
-        total += _checked(counter(_json(shown)))
+        total += _checked(counter(_json(shown))) + CALL_OVERHEAD
     for block in blocks:
         total += block_tokens(block, counter, frozenset(ids))
     if answers:
