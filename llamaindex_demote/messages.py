@@ -155,15 +155,23 @@ def _legacy_call(item: Any) -> dict[str, Any] | None:
     """``{"id", "name", "args"}`` of an OpenAI-style dict, a ``ToolSelection`` or alike."""
     if isinstance(item, ToolSelection):
         return {"id": item.tool_id, "name": item.tool_name, "args": item.tool_kwargs}
-    get = item.get if isinstance(item, dict) else lambda k, d=None: getattr(item, k, d)
-    function = get("function")
+    function = _field(item, "function")
     if function is not None:
-        fget = function.get if isinstance(function, dict) else lambda k: getattr(function, k, None)
-        return {"id": _call_id(item), "name": fget("name"), "args": _args(fget("arguments"))}
-    name = get("name") or get("tool_name")
+        name, args = _field(function, "name"), _field(function, "arguments")
+        return {"id": _call_id(item), "name": name, "args": _args(args)}
+    name = _field(item, "name") or _field(item, "tool_name")
     if name is None:
         return None
-    return {"id": _call_id(item), "name": name, "args": _args(get("args", get("tool_kwargs")))}
+    args = _field(item, "args")
+    return {
+        "id": _call_id(item),
+        "name": name,
+        "args": _args(_field(item, "tool_kwargs") if args is None else args),
+    }
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
 
 
 def tool_calls(message: ChatMessage) -> list[dict[str, Any]]:

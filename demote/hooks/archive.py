@@ -85,7 +85,7 @@ class _Row(NamedTuple):
 def _media_option(media: object) -> Literal["reference", "bytes"]:
     if media not in ("reference", "bytes"):
         raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
-    return media  # type: ignore[return-value]
+    return "bytes" if media == "bytes" else "reference"
 
 
 def _with_data(
