@@ -49,7 +49,7 @@ from langchain_demote.callbacks import dispatch_events
 __all__ = ["DATA_FIELD", "ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
 
 #: The metadata field of a document that holds its whole message (JSON text of the
-#: neutral form, :data:`demote.MESSAGE_DATA_KEYS`).
+#: neutral form, :data:`demote.records.MESSAGE_DATA_KEYS`).
 DATA_FIELD = "data"
 
 

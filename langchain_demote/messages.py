@@ -13,7 +13,7 @@ system and ``developer`` -> ``system``; tool and function results -> ``tool``. A
 Whole messages. :func:`to_core` hands the engine the message's tool calls (names and
 arguments) and content blocks, so its tokens are counted as a provider bills them and its
 fingerprint changes when they do, and :func:`to_data` as the record's converter: at
-delivery the hook gets the message's neutral form (:data:`demote.MESSAGE_DATA_KEYS`).
+delivery the hook gets the message's neutral form (:data:`demote.records.MESSAGE_DATA_KEYS`).
 :func:`from_data` (and :func:`from_recalled` for what an archive returns) turns that form
 back into the message, equal to the original: content (a string or its blocks), tool
 calls, ``tool_call_id``, ``name``, ``id``, ``additional_kwargs``, ``response_metadata``,
@@ -218,7 +218,7 @@ def to_data(message: BaseMessage) -> dict[str, Any]:
         message: Any LangChain message or chunk.
 
     Returns:
-        A dict with the keys of :data:`demote.MESSAGE_DATA_KEYS`: ``blocks`` holds the
+        A dict with the keys of :data:`demote.records.MESSAGE_DATA_KEYS`: ``blocks`` holds the
         content when it is a list (media as given: base64 stays until a hook stores it
         by reference); ``extra`` the message type and every other field that is not at
         its default (``additional_kwargs``, ``response_metadata``, ``usage_metadata``,

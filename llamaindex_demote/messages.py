@@ -19,7 +19,7 @@ too, so tokens are counted as billed and the fingerprint follows them (a text-on
 message keeps the fingerprint it always had).
 
 Whole messages: :func:`to_data` is the record's converter (the hook gets the neutral form,
-:data:`demote.MESSAGE_DATA_KEYS`), :func:`from_data` / :func:`from_recalled` give the
+:data:`demote.records.MESSAGE_DATA_KEYS`), :func:`from_data` / :func:`from_recalled` give the
 ``ChatMessage`` back, equal to the original: role, blocks (``model_dump(mode="json")``
 each, validated back), ``additional_kwargs`` (``ToolSelection`` objects included). Media
 stored by reference come back without their bytes. ``message_counter`` counts whole

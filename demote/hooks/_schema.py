@@ -28,7 +28,7 @@ text-only (``Recalled.data`` and ``Recalled.at`` are ``None``).
 
 ``text`` is what is indexed and returned: the message text, then one line per tool call
 (:func:`demote.records.searchable_text`), so a search for a tool's name or an argument
-value finds the call. ``data`` is the whole message (:data:`demote.MESSAGE_DATA_KEYS`) as
+value finds the call. ``data`` is the whole message (:data:`demote.records.MESSAGE_DATA_KEYS`) as
 JSON, without ``role`` and, when it equals the ``text`` column, ``text``:
 :func:`stored_data` writes it, :func:`row_data` reads it back. ``archived_at`` is when
 the row was stored (seconds since the epoch).
