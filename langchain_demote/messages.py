@@ -2,8 +2,9 @@
 
 :func:`to_core` describes one ``BaseMessage`` for the planner, :func:`from_core` turns the
 engine's :class:`~demote.engine.Window` back into the messages the model is sent. Neither
-does I/O or keeps state. LangChain message ids are never used: many stores drop them, so
-positions and fingerprints come from the engine.
+does I/O or keeps state. LangChain message ids are never used to place or recognise a
+message: many stores drop them, so positions and fingerprints come from the engine (the
+whole-message form keeps them, so an archived message comes back with its id).
 
 Roles: human -> ``user``; AI (chunks included, so streamed replies count) -> ``assistant``;
 system and ``developer`` -> ``system``; tool and function results -> ``tool``. A
