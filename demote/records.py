@@ -240,9 +240,7 @@ class MessageRecord:
     opens: tuple[str, ...] = ()
     answers: str | None = None
     tool: str | None = None
-    to_data: Callable[[Any], dict[str, Any]] | None = field(
-        default=None, compare=False, repr=False
-    )
+    to_data: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
