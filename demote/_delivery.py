@@ -35,7 +35,14 @@ from demote.breaker import Breaker, is_outage
 from demote.errors import HookTimeout, StoreUnavailable
 from demote.events import DemoteEvent, Observers
 from demote.planner import Plan
-from demote.records import ConversationState, DemotedMessage, Demotion, make_key
+from demote.records import (
+    ConversationState,
+    DemotedMessage,
+    Demotion,
+    MessageRecord,
+    make_key,
+    text_data,
+)
 from demote.retry import RetryTracker
 from demote.state.base import Lease, StateStore
 
@@ -136,6 +143,25 @@ class Tally:
         elif cid in self.pending:
             with self.lock:
                 self.pending.pop(cid, None)
+
+
+def _data(rec: MessageRecord, raw: Any) -> dict[str, Any]:
+    """The neutral form of a message being delivered: the adapter's, or the record's.
+
+    Made here, at delivery, from the framework message, so the cached records stay small.
+    A converter that fails gives the text-only form (logged): a hook still gets the
+    message, and the conversation does not stall on one odd message.
+    """
+    if rec.to_data is not None:
+        try:
+            data = rec.to_data(raw)
+        except Exception as exc:
+            logger.warning("demote: cannot convert a message to its neutral form: %r", exc)
+        else:
+            if isinstance(data, dict):
+                return data
+            logger.warning("demote: to_data returned %s, not a dict", type(data).__name__)
+    return text_data(rec.role, rec.text, rec.answers, rec.tool)
 
 
 class DeliveryMixin:
@@ -304,7 +330,8 @@ class DeliveryMixin:
         for i in range(lo, hi):
             rec = records[i - base]
             key = make_key(cid, i, rec.fingerprint)
-            out.append(DemotedMessage(rec.role, rec.text, i, key, messages[i]))
+            raw = messages[i]
+            out.append(DemotedMessage(rec.role, rec.text, i, key, raw, _data(rec, raw)))
         if work.known and out:
             # After a re-sync or a clear the watermark restarted: what the hook (or, for a
             # hook that cannot tell, this process) already holds is not offered again.
@@ -558,9 +585,7 @@ class DeliveryMixin:
         cid = hold.conversation_id
         current = yield from self._store("get", cid)
         if (
-            current is not None
-            and current.generation == d.generation
-            and current.delivered == d.lo
+            current is not None and current.generation == d.generation and current.delivered == d.lo
         ):  # (``hi`` may pass the window start: results sent as placeholders)
             late = replace(current, delivered=d.hi)
             if (yield from self._commit(hold, current, late, release=True)):

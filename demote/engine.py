@@ -50,7 +50,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar, cast
 
@@ -84,6 +84,7 @@ from demote.records import (
     Role,
     fingerprint,
     make_key,
+    parts_digest,
 )
 from demote.retry import Backoff, RetryTracker
 from demote.state.base import Lease, StateStore, validate_conversation_id
@@ -356,13 +357,46 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     # -- describing messages -------------------------------------------------------------
 
     def describe(
-        self, role: Any, text: str, *, opens: Sequence[str] = (), answers: str | None = None
+        self,
+        role: Any,
+        text: str,
+        *,
+        opens: Sequence[str] = (),
+        answers: str | None = None,
+        tool: str | None = None,
+        calls: Sequence[Mapping[str, Any]] = (),
+        blocks: Sequence[object] = (),
+        message: object = None,
+        to_data: Callable[[Any], dict[str, Any]] | None = None,
     ) -> MessageRecord:
         """Describe one message for the planner (adapters call this from ``to_core``).
 
+        The record's tokens are what a provider bills (:func:`demote.tokens.billed_tokens`:
+        the text, ``calls``, ``blocks`` and ``answers``), or, with a
+        :class:`~demote.tokens.MessageCounter`, that counter's count of ``message``;
+        either is counted once per fingerprint, and the fingerprint covers the calls'
+        names and arguments and the blocks (a text-only message keeps its old one).
+
+        Args:
+            role: ``system``, ``user``, ``assistant`` or ``tool``.
+            text: The message text.
+            opens: Ids of the tool calls it opens.
+            answers: Id of the tool call it answers.
+            tool: Name of the tool whose result it is.
+            calls: Its tool calls, ``{"id", "name", "args"}`` each.
+            blocks: Its content blocks other than text (images, audio, files,
+                reasoning), in the neutral form.
+            message: The framework message (counted by a whole-message counter only;
+                not kept).
+            to_data: Makes the neutral form from the framework message at delivery
+                (kept on the record: one shared function, see
+                :attr:`~demote.records.MessageRecord.to_data`).
+
         Raises:
-            ArgumentTypeError: ``text`` is not a str, ``opens`` not a sequence of str, or
-                ``answers`` neither a str nor ``None``.
+            ArgumentTypeError: ``text`` is not a str, ``opens`` not a sequence of str,
+                ``answers`` or ``tool`` neither a str nor ``None``, ``calls`` not a
+                sequence of mappings, ``blocks`` not a sequence, or ``to_data`` not
+                callable.
             ConfigError: ``role`` is not one of the core's roles.
         """
         if not isinstance(text, str):
@@ -370,12 +404,23 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         opens = _call_ids(opens) if opens else ()
         if answers is not None and not isinstance(answers, str):
             raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
+        if tool is not None and not isinstance(tool, str):
+            raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
         if not isinstance(role, str) or role not in ROLES:
             raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
-        fp = fingerprint(role, text, opens, answers)
-        return MessageRecord(
-            cast("Role", role), text, fp, self.tokens.count(fp, text), opens, answers
+        if calls and (
+            not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
+        ):
+            raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
+        if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
+            raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
+        if to_data is not None and not callable(to_data):
+            raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
+        fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
+        tokens = self.tokens.count(
+            fp, text, calls=calls, blocks=blocks, answers=answers, message=message
         )
+        return MessageRecord(cast("Role", role), text, fp, tokens, opens, answers, tool, to_data)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -441,9 +486,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         except Exception as exc:  # down, slow or skipped: plan from the history alone
             if self.on_store_error == "raise":
                 raise
-            window = self._degraded(
-                cid, self._from_history(cid, messages, describe, reserved), exc
-            )
+            window = self._degraded(cid, self._from_history(cid, messages, describe, reserved), exc)
             self._observers.publish(window.events)
             return window
         if self._degraded_since is not None:

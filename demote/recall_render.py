@@ -49,6 +49,7 @@ from pydantic import BaseModel, Field
 from demote._flow import Call
 from demote.errors import ConfigError
 from demote.hooks._fts import query_terms
+from demote.hooks._schema import row_data
 from demote.records import Recalled
 from demote.tokens import Counter, approximate_tokens, resolve_counter
 
@@ -303,18 +304,20 @@ def render_fetched(hit: Recalled, budget_tokens: int, count: Counter = approxima
 def recalled_from_columns(columns: Mapping[str, Any]) -> Recalled:
     """A :class:`Recalled` from an archive row's columns, by name (score ``0``).
 
-    Reads ``idx``, ``role``, ``text`` and ``key``; the whole message from ``data`` (a JSON
-    object, as text or already decoded) and the archive time from ``at`` (seconds since
-    the epoch, or an ISO timestamp) when the row has them. A row without them, or with a
+    Reads ``idx``, ``role``, ``text`` and ``key``; the whole message from ``data`` (the
+    archives' JSON column, :func:`demote.hooks._schema.row_data`, or an already decoded
+    object) and the archive time from ``archived_at`` or ``at`` (seconds since the epoch,
+    or an ISO timestamp) when the row has them. A row without them, or with a
     value that cannot be read, degrades to a text-only hit.
     """
     data = columns.get("data")
-    if isinstance(data, str | bytes):
-        try:
-            data = json.loads(data)
-        except ValueError:
-            data = None
-    at = columns.get("at")
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
+    if isinstance(data, str):  # the archive's column: the message less its role and text
+        data = row_data(str(columns.get("role", "")), str(columns.get("text", "")), data)
+    elif isinstance(data, Mapping):  # PostgreSQL's jsonb, decoded by the driver
+        data = {"role": columns.get("role", ""), "text": columns.get("text", ""), **data}
+    at = columns.get("at", columns.get("archived_at"))
     if isinstance(at, str):
         try:
             at = datetime.fromisoformat(at).timestamp()

@@ -8,10 +8,12 @@ immutable, slotted and cheap to compare, so tests can assert on them directly.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from demote._media import by_reference
 from demote.errors import ConfigError
 
 __all__ = [
@@ -27,18 +29,24 @@ __all__ = [
     "MessageRecord",
     "Recalled",
     "Role",
+    "data_by_reference",
     "fingerprint",
     "make_key",
+    "parts_digest",
+    "searchable_text",
     "storable_text",
+    "text_data",
 ]
 
 #: The keys of the framework-neutral form of a whole message (``DemotedMessage.data``,
 #: ``Recalled.data``), a JSON object: ``role`` and ``text`` always; ``tool_calls`` (a list
 #: of ``{"id", "name", "args"}``) on an assistant message that calls tools;
-#: ``tool_call_id`` and ``tool`` (the tool's name) on a tool result; ``blocks`` (content
-#: blocks other than plain text: images, audio, files, reasoning; media by reference or
-#: as base64 bytes); ``id``, ``name`` and ``extra`` (framework fields kept so the message
-#: comes back equal to the original). Absent keys mean empty.
+#: ``tool_call_id`` and ``tool`` (the tool's name) on a tool result; ``blocks`` (present
+#: when the message's content is a list of blocks: all of them, in order, text blocks
+#: included, so images, audio, files and reasoning keep their place; media by reference
+#: or as base64 bytes, see :func:`data_by_reference`); ``id``, ``name`` and ``extra``
+#: (framework fields kept so the message comes back equal to the original: the
+#: adapters' ``from_data``). Absent keys mean empty.
 MESSAGE_DATA_KEYS = (
     "role",
     "text",
@@ -73,7 +81,13 @@ ROLE_ALIASES: dict[str, Role] = {
 }
 
 
-def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | None = None) -> str:
+def fingerprint(
+    role: str,
+    text: str,
+    opens: Sequence[str] = (),
+    answers: str | None = None,
+    parts: str | None = None,
+) -> str:
     """A stable fingerprint of one message's content (the same in every process).
 
     Args:
@@ -81,6 +95,9 @@ def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | 
         text: The message text.
         opens: Ids of the tool calls the message opens.
         answers: Id of the tool call the message answers.
+        parts: What the message holds beyond its text (:func:`parts_digest` of its tool
+            calls and blocks), or ``None``: a message with text only keeps the
+            fingerprint it always had, so stored state stays valid.
 
     Returns:
         A 32-character hex digest.
@@ -95,7 +112,73 @@ def fingerprint(role: str, text: str, opens: Sequence[str] = (), answers: str | 
     if answers is not None:
         h.update(b"\x02")
         h.update(answers.encode("utf-8", "surrogatepass"))
+    if parts is not None:
+        h.update(b"\x03")
+        h.update(parts.encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+
+
+def parts_digest(
+    calls: Sequence[Mapping[str, Any]] = (), blocks: Sequence[object] = ()
+) -> str | None:
+    """A digest of a message's tool calls (names and arguments) and non-text blocks.
+
+    ``None`` when there are none, so :func:`fingerprint` of a text-only message is
+    unchanged; edited arguments or blocks give another digest (the message is counted
+    and delivered again).
+    """
+    if not calls and not blocks:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    h.update(_canonical([[c.get("id"), c.get("name"), c.get("args")] for c in calls]).encode())
+    h.update(b"\x00")
+    h.update(_canonical(list(blocks)).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def text_data(
+    role: str, text: str, answers: str | None = None, tool: str | None = None
+) -> dict[str, Any]:
+    """The neutral form of a message known by its text alone (and the call it answers)."""
+    data: dict[str, Any] = {"role": role, "text": text}
+    if answers is not None:
+        data["tool_call_id"] = answers
+    if tool is not None:
+        data["tool"] = tool
+    return data
+
+
+def searchable_text(text: str, data: Mapping[str, Any] | None) -> str:
+    """What a store indexes for a message: its text, then one line per tool call.
+
+    A call reads ``name {json arguments}``, so a search for a tool's name or for an
+    argument value finds the message that made the call (whose text is often empty).
+    """
+    calls = data.get("tool_calls") if data else None
+    if not calls:
+        return text
+    lines = [text] if text else []
+    for call in calls:
+        if isinstance(call, Mapping):
+            lines.append(f"{call.get('name') or ''} {_canonical(call.get('args') or {})}")
+    return "\n".join(lines)
+
+
+def data_by_reference(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with media bytes left out (URLs, file ids and sizes stay).
+
+    Each base64 payload in ``blocks`` is dropped and its block gains ``"omitted":
+    {"bytes", "sha256"}``; the rest of the message is kept as it is. What the archives,
+    mem0 and vector-store hooks store with their default ``media="reference"``.
+    """
+    blocks = data.get("blocks")
+    if not blocks:
+        return dict(data)
+    return {**data, "blocks": [by_reference(b) for b in blocks]}
 
 
 def storable_text(text: str) -> str:
@@ -144,6 +227,10 @@ class MessageRecord:
         answers: Id of the tool call this message answers (tool messages).
         tool: Name of the tool whose result this is (tool messages), when known: what
             clearing's ``exclude`` matches.
+        to_data: Makes the message's neutral form (:data:`MESSAGE_DATA_KEYS`) from the
+            framework message, when it is delivered (a shared function of the adapter,
+            so a cached record holds one reference, not the form); ``None``: the
+            record's text and ids are all a hook gets.
     """
 
     role: Role
@@ -153,6 +240,7 @@ class MessageRecord:
     opens: tuple[str, ...] = ()
     answers: str | None = None
     tool: str | None = None
+    to_data: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -16,10 +16,11 @@ are reachable only that way.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -35,31 +36,47 @@ from demote.errors import ArgumentTypeError, ConfigError, FencedOut
 from demote.events import DemoteEvent
 from demote.hooks import _args
 from demote.hooks.base import Recall
-from demote.records import DemotedMessage, Demotion, Recalled
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    Recalled,
+    data_by_reference,
+    searchable_text,
+)
 from demote.state.base import validate_conversation_id
 from langchain_demote.callbacks import dispatch_events
 
-__all__ = ["ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
+__all__ = ["DATA_FIELD", "ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
+
+#: The metadata field of a document that holds its whole message (JSON text of the
+#: neutral form, :data:`demote.records.MESSAGE_DATA_KEYS`).
+DATA_FIELD = "data"
 
 
-def _document(conversation_id: str, message: DemotedMessage) -> Document:
+def _document(conversation_id: str, message: DemotedMessage, media: str) -> Document:
+    data = message.data
+    if data is not None and media == "reference":
+        data = data_by_reference(data)
+    metadata: dict[str, Any] = {
+        "conversation_id": conversation_id,
+        "index": message.index,
+        "role": message.role,
+        "key": message.key,
+    }
+    if data is not None:  # JSON text: every vector store keeps a string in metadata
+        metadata[DATA_FIELD] = json.dumps(data, ensure_ascii=False, default=repr)
     return Document(
-        page_content=message.text,
-        id=message.key,
-        metadata={
-            "conversation_id": conversation_id,
-            "index": message.index,
-            "role": message.role,
-            "key": message.key,
-        },
+        page_content=searchable_text(message.text, data), id=message.key, metadata=metadata
     )
 
 
 class VectorStoreHook:
     """A demotion hook that stores demoted messages in a LangChain vector store.
 
-    Each message becomes one ``Document`` (``page_content`` = its text; metadata:
-    ``conversation_id``, ``index``, ``role``, ``key``) stored under ``id = key``.
+    Each message becomes one ``Document`` (``page_content`` = its text, then one line per
+    tool call, so a call is found by its name and arguments; metadata:
+    ``conversation_id``, ``index``, ``role``, ``key`` and :data:`DATA_FIELD`, the whole
+    message as JSON text) stored under ``id = key``.
 
     Example::
 
@@ -68,13 +85,14 @@ class VectorStoreHook:
 
     Args:
         vectorstore: Any ``VectorStore`` that honours ``ids`` in ``add_documents``.
-        skip_empty: Leave out messages with no text (tool-calling assistant messages),
-            which embed to nothing useful.
+        skip_empty: Leave out messages with nothing to embed (no text and no tool call).
         find_ids: Lists the ids of one conversation's documents in the store, found by
             their ``conversation_id`` metadata, for :meth:`erase` (Chroma:
             ``lambda cid: store.get(where={"conversation_id": cid})["ids"]``). For an
             ``InMemoryVectorStore`` the hook scans the store itself; otherwise, without
             it, erase deletes only the ids it is given.
+        media: How the whole message in the metadata holds media: ``"reference"`` (the
+            default: URLs, ids and sizes, no bytes) or ``"bytes"``.
 
     Raises:
         ConfigError: ``vectorstore`` is not a ``VectorStore``, ``find_ids`` not callable.
@@ -86,7 +104,11 @@ class VectorStoreHook:
         *,
         skip_empty: bool = True,
         find_ids: Callable[[str], Iterable[str]] | None = None,
+        media: Literal["reference", "bytes"] = "reference",
     ) -> None:
+        if media not in ("reference", "bytes"):
+            raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
+        self.media = media
         if not isinstance(vectorstore, VectorStore):
             raise ConfigError(f"vectorstore: expected a VectorStore, got {vectorstore!r}")
         if find_ids is not None and not callable(find_ids):
@@ -112,11 +134,8 @@ class VectorStoreHook:
                 f"vector store: a batch of conversation {batch.conversation_id!r} carries "
                 f"fencing token {batch.fence}, older than its erase (token {erased}); refused"
             )
-        return [
-            _document(batch.conversation_id, m)
-            for m in batch.messages
-            if m.text.strip() or not self.skip_empty
-        ]
+        docs = [_document(batch.conversation_id, m, self.media) for m in batch.messages]
+        return [d for d in docs if d.page_content.strip() or not self.skip_empty]
 
     def deliver(self, batch: Demotion) -> None:
         """Add the batch's messages to the vector store (ids = keys).
@@ -268,6 +287,7 @@ class ArchiveRetriever(BaseRetriever):
                     "index": hit.index,
                     "key": hit.key,
                     "score": hit.score,
+                    **({DATA_FIELD: hit.data} if hit.data is not None else {}),
                 },
             )
             for hit in hits

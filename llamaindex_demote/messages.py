@@ -14,18 +14,31 @@ Where LlamaIndex 0.14 keeps tool calls:
   ``FunctionAgent`` writes).
 
 Only ``TextBlock`` text is message text; tool calls, thinking and media are not part of
-it (tool calls travel as ``opens``), so the fingerprint of a message is stable however its
-other blocks serialize.
+it. :func:`to_core` hands the engine the calls (names and arguments) and the other blocks
+too, so tokens are counted as billed and the fingerprint follows them (a text-only
+message keeps the fingerprint it always had).
+
+Whole messages: :func:`to_data` is the record's converter (the hook gets the neutral form,
+:data:`demote.records.MESSAGE_DATA_KEYS`), :func:`from_data` / :func:`from_recalled` give the
+``ChatMessage`` back, equal to the original: role, blocks (``model_dump(mode="json")``
+each, validated back), ``additional_kwargs`` (``ToolSelection`` objects included). Media
+stored by reference come back without their bytes. ``message_counter`` counts whole
+messages (a callable over a list of ``ChatMessage``, or a LlamaIndex ``TokenCounter``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock, ToolCallBlock
+from llama_index.core.tools import ToolSelection
+from pydantic import ValidationError
 
-from demote.records import MessageRecord, Recalled, Role
+from demote.errors import ArgumentTypeError, ConfigError
+from demote.records import MessageRecord, Recalled, Role, text_data
+from demote.tokens import MessageCounter
 
 __all__ = [
     "Describe",
@@ -33,10 +46,15 @@ __all__ = [
     "answered_call",
     "core_role",
     "from_core",
+    "from_data",
+    "from_recalled",
+    "message_counter",
     "opened_calls",
     "recall_message",
     "text_of",
     "to_core",
+    "to_data",
+    "tool_calls",
 ]
 
 #: How the memory introduces recalled messages to the model (one system message).
@@ -58,7 +76,17 @@ class Describe(Protocol):
     """What :func:`to_core` calls to make a record (``Demoter.describe``)."""
 
     def __call__(
-        self, role: Any, text: str, *, opens: Sequence[str] = (), answers: str | None = None
+        self,
+        role: Any,
+        text: str,
+        *,
+        opens: Sequence[str] = (),
+        answers: str | None = None,
+        tool: str | None = None,
+        calls: Sequence[Mapping[str, Any]] = (),
+        blocks: Sequence[object] = (),
+        message: object = None,
+        to_data: Callable[[Any], dict[str, Any]] | None = None,
     ) -> MessageRecord:
         """Describe one message."""
 
@@ -114,6 +142,71 @@ def _tool_call_id(message: ChatMessage) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _args(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _legacy_call(item: Any) -> dict[str, Any] | None:
+    """``{"id", "name", "args"}`` of an OpenAI-style dict, a ``ToolSelection`` or alike."""
+    if isinstance(item, ToolSelection):
+        return {"id": item.tool_id, "name": item.tool_name, "args": item.tool_kwargs}
+    function = _field(item, "function")
+    if function is not None:
+        name, args = _field(function, "name"), _field(function, "arguments")
+        return {"id": _call_id(item), "name": name, "args": _args(args)}
+    name = _field(item, "name") or _field(item, "tool_name")
+    if name is None:
+        return None
+    args = _field(item, "args")
+    return {
+        "id": _call_id(item),
+        "name": name,
+        "args": _args(_field(item, "tool_kwargs") if args is None else args),
+    }
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def tool_calls(message: ChatMessage) -> list[dict[str, Any]]:
+    """The message's tool calls as ``{"id", "name", "args"}`` (blocks, then legacy)."""
+    found = [
+        {"id": b.tool_call_id, "name": b.tool_name, "args": _args(b.tool_kwargs)}
+        for b in message.blocks
+        if isinstance(b, ToolCallBlock)
+    ]
+    legacy = message.additional_kwargs.get("tool_calls")
+    if isinstance(legacy, Iterable) and not isinstance(legacy, str | bytes | dict):
+        seen = {c["id"] for c in found}
+        for item in legacy:
+            call = _legacy_call(item)
+            if call is not None and (call["id"] is None or call["id"] not in seen):
+                found.append(call)
+    return found
+
+
+def _other_blocks(message: ChatMessage) -> list[object]:
+    return [
+        b.model_dump(mode="json")
+        for b in message.blocks
+        if not isinstance(b, TextBlock | ToolCallBlock)
+    ]
+
+
+def _tool_name(message: ChatMessage) -> str | None:
+    for key in ("name", "tool_name"):
+        value = message.additional_kwargs.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
     """Describe a LlamaIndex message for the planner.
 
@@ -122,11 +215,133 @@ def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
         describe: Makes the record (``Demoter.describe``: fingerprint and cached tokens).
 
     Returns:
-        The message's record: role, text, opened tool-call ids, answered tool-call id.
+        The message's record: role, text, opened tool-call ids, answered tool-call id,
+        tokens as billed (tool calls and blocks included), :func:`to_data` as its
+        converter for delivery.
     """
     role = core_role(message)
     answers = _tool_call_id(message) if role == "tool" else None  # answered_call, role known
-    return describe(role, text_of(message), opens=opened_calls(message), answers=answers)
+    opens = opened_calls(message)
+    return describe(
+        role,
+        text_of(message),
+        opens=opens,
+        answers=answers,
+        tool=_tool_name(message) if role == "tool" else None,
+        calls=tool_calls(message) if opens or message.additional_kwargs else (),
+        blocks=() if _plain(message) else _other_blocks(message),
+        message=message,
+        to_data=to_data,
+    )
+
+
+def _plain(message: ChatMessage) -> bool:
+    """A message whose only block is its text (it needs no ``blocks`` in the form)."""
+    return len(message.blocks) == 1 and type(message.blocks[0]) is TextBlock
+
+
+def to_data(message: ChatMessage) -> dict[str, Any]:
+    """The neutral, JSON-serializable form of a LlamaIndex ``ChatMessage``.
+
+    ``blocks`` holds every block's JSON dump unless the message is a single text block;
+    ``extra`` holds the original role (when the core's differs: ``chatbot``, ``model``,
+    ``developer``, ``function``) and ``additional_kwargs``, with ``ToolSelection``
+    objects marked so they come back as such.
+    """
+    role = core_role(message)
+    data: dict[str, Any] = {"role": role, "text": text_of(message)}
+    dump = message.model_dump(mode="json")
+    if not _plain(message):
+        data["blocks"] = dump["blocks"]
+    calls = tool_calls(message)
+    if calls:
+        data["tool_calls"] = json.loads(json.dumps(calls, default=repr))
+    if role == "tool":
+        answers, tool = _tool_call_id(message), _tool_name(message)
+        if answers is not None:
+            data["tool_call_id"] = answers
+        if tool is not None:
+            data["tool"] = tool
+    extra: dict[str, Any] = {}
+    if str(dump["role"]) != role:
+        extra["role"] = str(dump["role"])
+    if message.additional_kwargs:
+        extra["additional_kwargs"] = dump["additional_kwargs"]
+        legacy = message.additional_kwargs.get("tool_calls")
+        if (
+            isinstance(legacy, list)
+            and legacy
+            and all(isinstance(x, ToolSelection) for x in legacy)
+        ):
+            extra["tool_selections"] = True
+    if extra:
+        data["extra"] = extra
+    return data
+
+
+def from_data(data: Mapping[str, Any]) -> ChatMessage:
+    """The ``ChatMessage`` a neutral form describes (the inverse of :func:`to_data`).
+
+    A form without blocks or extra (an archive row written before whole messages)
+    gives a message of one text block; a tool result keeps its ``tool_call_id``.
+
+    Raises:
+        ArgumentTypeError: ``data`` is not a mapping.
+        ConfigError: LlamaIndex refuses the form (an unknown role or block).
+    """
+    if not isinstance(data, Mapping):
+        raise ArgumentTypeError(f"data: expected a mapping, got {type(data).__name__}")
+    extra = data.get("extra") or {}
+    kwargs: dict[str, Any] = dict(extra.get("additional_kwargs") or {})
+    if data.get("role") == "tool":
+        for key, field in (("tool_call_id", "tool_call_id"), ("tool", "name")):
+            if data.get(key) is not None and field not in kwargs and "extra" not in data:
+                kwargs[field] = data[key]
+    if extra.get("tool_selections"):
+        kwargs["tool_calls"] = [ToolSelection.model_validate(c) for c in kwargs["tool_calls"]]
+    blocks = data.get("blocks")
+    if blocks is None:
+        blocks = [{"block_type": "text", "text": str(data.get("text", ""))}]
+    try:
+        return ChatMessage.model_validate(
+            {
+                "role": extra.get("role") or data.get("role"),
+                "additional_kwargs": kwargs,
+                "blocks": blocks,
+            }
+        )
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise ConfigError(f"data: not a LlamaIndex message: {exc}") from exc
+
+
+def from_recalled(recalled: Recalled) -> ChatMessage:
+    """The ``ChatMessage`` an archive gave back (its whole form, else its text)."""
+    data = recalled.data
+    return from_data(data if data is not None else text_data(recalled.role, recalled.text))
+
+
+def message_counter(counter: Any) -> MessageCounter:
+    """A policy counter that counts whole LlamaIndex messages.
+
+    ``SlidingWindow.last_tokens(4000, counter=message_counter(fn))`` counts each message
+    once (cached by fingerprint) with ``fn(list[ChatMessage]) -> int``, or with a
+    LlamaIndex ``TokenCounter``'s ``estimate_tokens_in_messages``.
+
+    Raises:
+        ArgumentTypeError: ``counter`` is neither callable nor a ``TokenCounter``.
+    """
+    estimate = getattr(counter, "estimate_tokens_in_messages", None)
+    if callable(estimate):
+        return MessageCounter(estimate, _user_message, type(counter).__name__)
+    if not callable(counter):
+        raise ArgumentTypeError(
+            f"counter: expected a callable over messages or a TokenCounter, got {counter!r:.80}"
+        )
+    return MessageCounter(counter, _user_message, getattr(counter, "__name__", "messages"))
+
+
+def _user_message(text: str) -> ChatMessage:
+    return ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text=text)])
 
 
 def from_core(role: Role | str, text: str) -> ChatMessage:

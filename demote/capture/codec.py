@@ -7,10 +7,12 @@ thread and asyncio Recorders and by the outbox.
 Durable form (one JSON object per item, ``"v": 1``):
 
 * ``Demotion``: conversation id, fencing token (if any) and, per message, role, text,
-  index and key. ``DemotedMessage.raw`` (the framework's own message object) is **not**
-  persisted: an item read back from an outbox has ``raw=None``. Sinks that need the
-  framework object must cope with its absence (the built-in hooks only read role, text,
-  index and key).
+  index, key and, when known, the whole message (``DemotedMessage.data``, the neutral
+  form, media bytes included as given): ``[role, text, index, key]`` or
+  ``[role, text, index, key, data]``; payloads of either shape are read back.
+  ``DemotedMessage.raw`` (the framework's own message object) is **not** persisted: an
+  item read back from an outbox has ``raw=None`` and its ``data``, which is what the
+  built-in hooks store.
 * ``CapturedTurn``: all five fields.
 * anything else: stored as strict JSON (no NaN or infinity). It comes back as JSON does:
   tuples as lists, non-string dict keys as strings.
@@ -105,7 +107,7 @@ def encode(item: object) -> str:
         doc = {
             "kind": "demotion",
             "conversation_id": item.conversation_id,
-            "messages": [[m.role, m.text, m.index, m.key] for m in item.messages],
+            "messages": [_message(m) for m in item.messages],
         }
         if item.fence is not None:
             doc["fence"] = item.fence
@@ -155,10 +157,7 @@ def decode(payload: str) -> Any:
                 key=str(doc["key"]),
             )
         if kind == "demotion":
-            messages = tuple(
-                DemotedMessage(role=_role(role), text=str(text), index=int(index), key=str(key))
-                for role, text, index, key in doc["messages"]
-            )
+            messages = tuple(_read_message(m) for m in doc["messages"])
             fence = doc.get("fence")
             if fence is not None and (isinstance(fence, bool) or not isinstance(fence, int)):
                 raise ValueError(f"fence must be an int, got {fence!r}")
@@ -166,6 +165,23 @@ def decode(payload: str) -> Any:
         raise ValueError(f"unknown payload kind {kind!r}")
     except (ValueError, KeyError, TypeError) as exc:
         raise StoreError(f"cannot read outbox payload: {exc}") from exc
+
+
+def _message(m: DemotedMessage) -> list[Any]:
+    row: list[Any] = [m.role, m.text, m.index, m.key]
+    if m.data is not None:
+        row.append(m.data)
+    return row
+
+
+def _read_message(row: Any) -> DemotedMessage:
+    if not isinstance(row, list) or len(row) not in (4, 5):
+        raise ValueError(f"a message must be a list of 4 or 5 fields, got {row!r:.80}")
+    data = row[4] if len(row) == 5 else None
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"a message's data must be an object, got {type(data).__name__}")
+    role, text, index, key = row[:4]
+    return DemotedMessage(_role(role), str(text), int(index), str(key), None, data)
 
 
 def _role(value: object) -> Any:

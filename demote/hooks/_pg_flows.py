@@ -9,13 +9,15 @@ the ranking) happens in the flow, with the connection held.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from demote._pg import atransaction, transaction
 from demote.errors import FencedOut
-from demote.hooks import _vectors
+from demote.hooks import _schema, _vectors
 from demote.hooks._pg_statements import Statements
 from demote.hooks._search import scope
 from demote.records import Recalled
@@ -32,6 +34,7 @@ __all__ = [
     "has_keys",
     "lock_key",
     "messages",
+    "with_data",
 ]
 
 T = TypeVar("T")
@@ -90,7 +93,7 @@ def lock_key(table: str, conversation_scope: str) -> int:
 
 
 class Row(NamedTuple):
-    """A message as stored: its columns and the words indexed for text and context."""
+    """A message as stored: its columns, the words indexed for text and context, its JSON."""
 
     idx: int
     role: str
@@ -100,6 +103,7 @@ class Row(NamedTuple):
     key: str
     words: str
     cwords: str
+    data: str | None = None
 
 
 def _ids(conversation_id: str) -> dict[str, str]:
@@ -129,7 +133,9 @@ def deliver(
             f"carries fencing token {fence}, older than its erase (token {erased}); refused"
         )
     columns = {name: [getattr(r, name) for r in rows] for name in Row._fields}
-    stored = yield Stmt(st.insert, {**ids, **columns, "mark": f"{ids['scope']}:1"})
+    stored = yield Stmt(
+        st.insert, {**ids, **columns, "mark": f"{ids['scope']}:1", "at": time.time()}
+    )
     if not stored:
         return 0
     embedded = [(row_id, vectors[key]) for row_id, key, _ in stored if key in vectors]
@@ -183,9 +189,32 @@ def has_keys(st: Statements, conversation_id: str, keys: list[str]) -> Flow[set[
 
 
 def messages(st: Statements, conversation_id: str) -> Flow[list[Recalled]]:
-    """Every stored message of the conversation, in index order."""
+    """Every stored message of the conversation, in index order, whole where known."""
     rows = yield Stmt(st.messages, _ids(conversation_id))
-    return [Recalled(role=role, text=text, index=idx, key=key) for idx, role, text, key in rows]
+    return [
+        Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
+        for idx, role, text, key, data, at in rows
+    ]
+
+
+def with_data(
+    st: Statements, conversation_id: str, found: Flow[list[Recalled]]
+) -> Flow[list[Recalled]]:
+    """The messages ``found`` returns, each with its whole form and archive time.
+
+    One more statement on the same connection (and snapshot) as the search itself.
+    """
+    hits = yield from found
+    if not hits:
+        return hits
+    keys = list({r.key for r in hits})
+    rows = yield Stmt(st.whole, {**_ids(conversation_id), "keys": keys})
+    by_key = {key: (data, at) for key, data, at in rows}
+    out = []
+    for r in hits:
+        data, at = by_key.get(r.key, (None, None))
+        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
+    return out
 
 
 def count(st: Statements, conversation_id: str | None) -> Flow[int]:

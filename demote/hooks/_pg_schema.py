@@ -1,9 +1,9 @@
-"""The PostgreSQL archive's schema (version 1), its migrations, and pgvector detection.
+"""The PostgreSQL archive's schema (version 2), its migrations, and pgvector detection.
 
 For a table ``T`` (``demote_archive`` by default)::
 
     T(id IDENTITY, scope, conversation_id, idx, role, text, context, speaker, key,
-      tsv TSVECTOR, tokens)                       -- one row per archived message
+      tsv TSVECTOR, tokens, data, archived_at)    -- one row per archived message
         UNIQUE (scope, key)                       -- re-delivery stores nothing twice
         INDEX  (scope, idx)                       -- messages() in order, neighbours
         GIN    (tsv)                              -- full-text matches
@@ -25,7 +25,11 @@ full-text match ANDs it with the query terms and the GIN index itself narrows th
 lists to one conversation. Every statement also compares ``conversation_id``.
 
 ``tsv`` holds the text (weight ``A``), the context (``B``), the neighbours' text (``C``)
-and the scope (``D``); ``tokens`` counts its positions (BM25's document length).
+and the scope (``D``); ``tokens`` counts its positions (BM25's document length). ``text``
+is the message text with one line per tool call (:func:`demote.records.searchable_text`),
+``data`` the whole message as JSON text (as in the SQLite archive:
+:func:`demote.hooks._schema.stored_data`), ``archived_at`` when it was stored. Version 1
+tables gain the last two, ``NULL`` in their rows, which come back text-only.
 
 Migrations run in one transaction under an advisory lock on the table's name, so workers
 that start together wait for the first one and find the schema made. A table of a newer
@@ -50,7 +54,7 @@ __all__ = [
     "storage_for",
 ]
 
-VERSION = 1
+VERSION = 2
 
 #: The schema of the ``vector`` extension, if it is installed in this database.
 DETECT = (
@@ -82,7 +86,7 @@ class Layout:
             self.distance = f"OPERATOR({schema}.<=>)"
 
     def ddl(self) -> list[str]:
-        """Version 1, idempotent (``IF NOT EXISTS``); the text search objects apart."""
+        """The current version, idempotent (``IF NOT EXISTS``); text search objects apart."""
         t, cfg = self.table, self.config
         return [
             f"ALTER TEXT SEARCH CONFIGURATION {t}_fts ALTER MAPPING FOR asciiword, word, "
@@ -97,6 +101,8 @@ class Layout:
             "role TEXT NOT NULL, text TEXT NOT NULL, context TEXT NOT NULL DEFAULT '', "
             "speaker TEXT NOT NULL DEFAULT '', key TEXT NOT NULL, tsv TSVECTOR NOT NULL, "
             "tokens INTEGER NOT NULL DEFAULT 0, UNIQUE (scope, key))",
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS data TEXT, "
+            "ADD COLUMN IF NOT EXISTS archived_at DOUBLE PRECISION",
             f"CREATE INDEX IF NOT EXISTS {t}_scope_idx ON {t} (scope, idx)",
             f"CREATE INDEX IF NOT EXISTS {t}_tsv ON {t} USING gin (tsv)",
             f"CREATE TABLE IF NOT EXISTS {t}_terms (conversation BIGINT NOT NULL REFERENCES "

@@ -64,13 +64,13 @@ class Statements:
         )
         self.insert = (
             f"INSERT INTO {t} (scope, conversation_id, idx, role, text, context, speaker, "
-            "key, tsv) SELECT %(scope)s, %(cid)s, r.idx, r.role, r.text, r.context, "
-            f"r.speaker, r.key, setweight(to_tsvector({cfg}, r.words), 'A') || "
-            f"setweight(to_tsvector({cfg}, r.cwords), 'B') || %(mark)s::tsvector "
-            "FROM unnest(%(idx)s::bigint[], %(role)s::text[], %(text)s::text[], "
+            "key, tsv, data, archived_at) SELECT %(scope)s, %(cid)s, r.idx, r.role, r.text, "
+            f"r.context, r.speaker, r.key, setweight(to_tsvector({cfg}, r.words), 'A') || "
+            f"setweight(to_tsvector({cfg}, r.cwords), 'B') || %(mark)s::tsvector, r.data, "
+            "%(at)s::float8 FROM unnest(%(idx)s::bigint[], %(role)s::text[], %(text)s::text[], "
             "%(context)s::text[], %(speaker)s::text[], %(key)s::text[], %(words)s::text[], "
-            "%(cwords)s::text[]) WITH ORDINALITY AS "
-            "r(idx, role, text, context, speaker, key, words, cwords, n) "
+            "%(cwords)s::text[], %(data)s::text[]) WITH ORDINALITY AS "
+            "r(idx, role, text, context, speaker, key, words, cwords, data, n) "
             "ORDER BY r.n ON CONFLICT (scope, key) DO NOTHING RETURNING id, key, idx"
         )
         counters = ", ".join(f"{c} = s.{c} + excluded.{c}" for c in _COUNTERS)
@@ -147,7 +147,12 @@ class Statements:
         # -- reading -------------------------------------------------------------------
         self.has_keys = f"SELECT m.key FROM {t} m WHERE {_MINE} AND m.key = ANY(%(keys)s)"
         self.messages = (
-            f"SELECT m.idx, m.role, m.text, m.key FROM {t} m WHERE {_MINE} ORDER BY m.idx, m.id"
+            f"SELECT m.idx, m.role, m.text, m.key, m.data, m.archived_at FROM {t} m "
+            f"WHERE {_MINE} ORDER BY m.idx, m.id"
+        )
+        self.whole = (
+            f"SELECT m.key, m.data, m.archived_at FROM {t} m WHERE {_MINE} "
+            "AND m.key = ANY(%(keys)s)"
         )
         self.count_one = (
             f"SELECT coalesce((SELECT messages FROM {t}_conversations WHERE scope = %(scope)s "

@@ -1,9 +1,9 @@
-"""The SQLite archive's schema (``PRAGMA user_version = 4``) and its migrations.
+"""The SQLite archive's schema (``PRAGMA user_version = 5``) and its migrations.
 
 ::
 
     messages(id INTEGER PRIMARY KEY, conversation_id, idx, role, text, context, speaker,
-             adjacent, key, scope)
+             adjacent, key, scope, data, archived_at)
         UNIQUE (conversation_id, key)      -- re-delivery stores nothing twice
         INDEX  (conversation_id, idx)      -- messages() in order, neighbours
     messages_fts USING fts5(scope, text, context, adjacent,
@@ -22,28 +22,48 @@ question it answers. ``speaker`` (and the ``speakers`` table) come from a contex
 ``"speaker"``. Version 2 files gain ``speaker``, ``adjacent``, the speakers and vector
 tables and a rebuilt full-text index when opened; version 1 files also gain the term
 statistics; files of versions 1 to 3 gain the ``erased`` table (keyed by a hash of the
-conversation id; see :mod:`demote.hooks._erasure`).
+conversation id; see :mod:`demote.hooks._erasure`); files of versions 1 to 4 gain
+``data`` and ``archived_at``, ``NULL`` in the rows they hold, which therefore come back
+text-only (``Recalled.data`` and ``Recalled.at`` are ``None``).
+
+``text`` is what is indexed and returned: the message text, then one line per tool call
+(:func:`demote.records.searchable_text`), so a search for a tool's name or an argument
+value finds the call. ``data`` is the whole message (:data:`demote.records.MESSAGE_DATA_KEYS`) as
+JSON, without ``role`` and, when it equals the ``text`` column, ``text``:
+:func:`stored_data` writes it, :func:`row_data` reads it back. ``archived_at`` is when
+the row was stored (seconds since the epoch).
 Each migration runs in the opening transaction: it completes or leaves the file as it was.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from demote._sqlite_kind import ARCHIVE, Columns, declare, schema_columns
 from demote.errors import StoreError
 from demote.hooks import _erasure, _lexical, _vectors
+from demote.records import storable_text
 
-__all__ = ["VERSION", "check_current", "create_or_migrate", "refresh_adjacent"]
+__all__ = [
+    "VERSION",
+    "check_current",
+    "create_or_migrate",
+    "refresh_adjacent",
+    "row_data",
+    "stored_data",
+]
 
-VERSION = 4
+VERSION = 5
 
 _MESSAGES = """CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation_id TEXT NOT NULL, idx INTEGER NOT NULL,
     role TEXT NOT NULL, text TEXT NOT NULL, context TEXT NOT NULL DEFAULT '',
     key TEXT NOT NULL, scope TEXT NOT NULL, speaker TEXT NOT NULL DEFAULT '',
-    adjacent TEXT NOT NULL DEFAULT '', UNIQUE (conversation_id, key)
+    adjacent TEXT NOT NULL DEFAULT '', data TEXT, archived_at REAL,
+    UNIQUE (conversation_id, key)
 )"""
 
 _FTS = (
@@ -97,6 +117,31 @@ _ADJACENT = """coalesce((SELECT p.text FROM messages AS p WHERE p.conversation_i
     AND n.idx = m.idx + 1 ORDER BY n.id DESC LIMIT 1), '')"""
 
 
+def stored_data(text: str, data: Mapping[str, Any] | None) -> str | None:
+    """The ``data`` column of a message whose ``text`` column is ``text`` (``None``: none).
+
+    The role has a column of its own and the text is left out when the column holds it,
+    so a plain message stores ``{}``.
+    """
+    if data is None:
+        return None
+    kept = {k: v for k, v in data.items() if k != "role" and not (k == "text" and v == text)}
+    return storable_text(json.dumps(kept, ensure_ascii=False, separators=(",", ":"), default=repr))
+
+
+def row_data(role: str, text: str, stored: str | None) -> dict[str, Any] | None:
+    """The whole message of a row (``None`` for a text-only row, or unreadable JSON)."""
+    if stored is None:
+        return None
+    try:
+        kept = json.loads(stored)
+    except ValueError:
+        return None
+    if not isinstance(kept, dict):
+        return None
+    return {"role": role, "text": text, **kept}
+
+
 def refresh_adjacent(db: sqlite3.Connection, conversation_id: str, indexes: Iterable[int]) -> None:
     """Recompute ``adjacent`` for the messages at ``indexes`` (and reindex those changed)."""
     wanted = sorted(set(indexes))
@@ -119,7 +164,7 @@ def create_or_migrate(db: sqlite3.Connection) -> None:
         StoreError: The file's schema is newer than this code.
     """
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, 1, 2, 3, VERSION):
+    if version not in (0, 1, 2, 3, 4, VERSION):
         raise StoreError(
             f"archive schema version {version} is not supported (expected at most {VERSION})"
         )
@@ -131,6 +176,11 @@ def create_or_migrate(db: sqlite3.Connection) -> None:
         for trigger in ("messages_ai", "messages_ad"):
             db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
         db.execute("DROP TABLE IF EXISTS messages_fts")
+    if version in (1, 2, 3, 4):
+        have = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+        for column, kind in (("data", "TEXT"), ("archived_at", "REAL")):
+            if column not in have:
+                db.execute(f"ALTER TABLE messages ADD COLUMN {column} {kind}")
     for statement in _SCHEMA:
         db.execute(statement)
     if old:

@@ -29,9 +29,11 @@ worker's late batch is refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Literal, NamedTuple
@@ -41,7 +43,7 @@ from demote._sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
 from demote._validate import file_path, seconds
 from demote._wal import truncate_wal
 from demote.embeddings import Embedder, as_embedder
-from demote.errors import ArgumentTypeError, StoreError
+from demote.errors import ArgumentTypeError, ConfigError, StoreError
 from demote.hooks import (
     _args,
     _entities,
@@ -54,7 +56,14 @@ from demote.hooks import (
     _vectors,
 )
 from demote.hooks._search import Reranker
-from demote.records import DemotedMessage, Demotion, Recalled, storable_text
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    Recalled,
+    data_by_reference,
+    searchable_text,
+    storable_text,
+)
 from demote.state.base import validate_conversation_id
 from demote.tokens import Counter
 
@@ -90,6 +99,38 @@ class _Row(NamedTuple):
     key: str
     scope: str
     speaker: str
+    data: str | None
+    archived_at: float
+
+
+def _media_option(media: object) -> Literal["reference", "bytes"]:
+    if media not in ("reference", "bytes"):
+        raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
+    return "bytes" if media == "bytes" else "reference"
+
+
+def _with_data(
+    db: sqlite3.Connection, conversation_id: str, found: list[Recalled]
+) -> list[Recalled]:
+    """``found`` with each message's whole form and archive time read from its row."""
+    if not found:
+        return found
+    keys = list({r.key for r in found})
+    rows: dict[str, tuple[str | None, float | None]] = {}
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for key, data, at in db.execute(
+            f"SELECT key, data, archived_at FROM messages WHERE conversation_id = ? "
+            f"AND key IN ({marks})",
+            (conversation_id, *chunk),
+        ):
+            rows[key] = (data, at)
+    out = []
+    for r in found:
+        data, at = rows.get(r.key, (None, None))
+        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
+    return out
 
 
 def _embedded(speaker: str, text: str) -> str:
@@ -170,6 +211,10 @@ class SQLiteArchive(Closing):
             weight ``rerank_weight``; it runs on the search path, once per search.
         rerank_depth: How many candidates the reranker sees.
         rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
+        media: How the whole messages' media are stored: ``"reference"`` (the default)
+            keeps URLs, file ids, types and sizes and drops base64 bytes
+            (:func:`demote.records.data_by_reference`); ``"bytes"`` keeps them, so the
+            messages come back exactly as they were.
         read_only: Open an existing archive without ever writing it (``demote search``,
             ``demote inspect``): a file of an older schema is refused instead of migrated,
             and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
@@ -211,8 +256,10 @@ class SQLiteArchive(Closing):
         reranker: Reranker | None = None,
         rerank_depth: int = 20,
         rerank_weight: float = 0.5,
+        media: Literal["reference", "bytes"] = "reference",
     ) -> None:
         target = file_path("path", path)
+        self._media = _media_option(media)
         timeout = seconds("timeout", timeout)
         if context is not None and not callable(context):
             raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
@@ -330,15 +377,21 @@ class SQLiteArchive(Closing):
         if isinstance(context, Mapping):
             speaker = str(context.get("speaker") or "")
             context = " ".join(str(v) for v in context.values() if v)
+        data = message.data
+        if data is not None and self._media == "reference":
+            data = data_by_reference(data)
+        text = storable_text(searchable_text(message.text, data))
         return _Row(
             conversation_id,
             int(message.index),
             str(message.role),
-            storable_text(message.text),
+            text,
             storable_text(context or ""),
             str(message.key),
             scope,
             storable_text(speaker),
+            _schema.stored_data(text, data),
+            time.time(),
         )
 
     def deliver(self, batch: Demotion) -> None:
@@ -381,9 +434,8 @@ class SQLiteArchive(Closing):
         with self._transaction("store a demotion") as db:
             _erasure.check_fence(db, conversation_id, fence)
             insert = (
-                "INSERT OR IGNORE INTO messages "
-                "(conversation_id, idx, role, text, context, key, scope, speaker) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT OR IGNORE INTO messages (conversation_id, idx, role, text, context, "
+                "key, scope, speaker, data, archived_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             )
             stored: list[_Row] = []
             for r in rows:
@@ -519,6 +571,7 @@ class SQLiteArchive(Closing):
             db.execute("BEGIN")  # one snapshot; the scratch table is written in it
             try:
                 found = self._searcher.lookup(db, request, vector)
+                found = _with_data(db, request.conversation_id, found)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
@@ -528,15 +581,22 @@ class SQLiteArchive(Closing):
     # -- reading and housekeeping -------------------------------------------------------
 
     def messages(self, conversation_id: str) -> list[Recalled]:
-        """Every stored message of ``conversation_id``, in index order (score ``0``)."""
+        """Every stored message of ``conversation_id``, in index order (score ``0``).
+
+        Each carries its whole form (``data``, ``None`` for a row archived before whole
+        messages were) and when it was archived (``at``).
+        """
         conversation_id = validate_conversation_id(conversation_id)
         with self._locked("read the archive") as db:
             rows = db.execute(
-                "SELECT idx, role, text, key FROM messages WHERE conversation_id = ? "
-                "ORDER BY idx, id",
+                "SELECT idx, role, text, key, data, archived_at FROM messages "
+                "WHERE conversation_id = ? ORDER BY idx, id",
                 (conversation_id,),
             ).fetchall()
-        return [Recalled(role=role, text=text, index=idx, key=key) for idx, role, text, key in rows]
+        return [
+            Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
+            for idx, role, text, key, data, at in rows
+        ]
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""

@@ -55,13 +55,20 @@ from demote._flow import drive_async, drive_sync
 from demote._pg import Pools, table_name
 from demote.embeddings import Embedder, as_embedder
 from demote.errors import ArgumentTypeError, StoreError
-from demote.hooks import _args, _options, _pg_flows, _pg_schema, _pg_search, _vectors
+from demote.hooks import _args, _options, _pg_flows, _pg_schema, _pg_search, _schema, _vectors
 from demote.hooks._pg_flows import Flow, Row, aexecute, execute
 from demote.hooks._pg_statements import Statements
 from demote.hooks._pg_text import index_words
 from demote.hooks._search import Reranker
-from demote.hooks.archive import ContextFn, _embedded
-from demote.records import DemotedMessage, Demotion, Recalled, storable_text
+from demote.hooks.archive import ContextFn, _embedded, _media_option
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    Recalled,
+    data_by_reference,
+    searchable_text,
+    storable_text,
+)
 from demote.state._codec import storable_id
 from demote.tokens import Counter
 
@@ -182,6 +189,9 @@ class PostgresArchive(Closing):
         max_size: Connections each pool may open.
         keepalives_idle: Seconds of idleness before TCP keepalive probes start.
         application_name: Shown in ``pg_stat_activity``.
+        media: ``"reference"`` (the default) stores whole messages without their media
+            bytes (URLs, ids and sizes stay); ``"bytes"`` keeps base64 payloads, as
+            :class:`~demote.hooks.archive.SQLiteArchive` does.
 
     Raises:
         ConfigError: An option is out of range, or the vector storage asked for cannot
@@ -228,8 +238,10 @@ class PostgresArchive(Closing):
         max_size: int = 10,
         keepalives_idle: int = 30,
         application_name: str = "demote",
+        media: Literal["reference", "bytes"] = "reference",
     ) -> None:
         table = table_name(table, 41)
+        self._media = _media_option(media)
         self._searcher = _options.searcher(
             context_weight=context_weight,
             adjacent_weight=adjacent_weight,
@@ -324,7 +336,11 @@ class PostgresArchive(Closing):
 
     def _row(self, message: DemotedMessage) -> Row:
         context, speaker = _options.describe(self._context, message)
-        text, context = _text(message.text), _text(context)
+        data = message.data
+        if data is not None and self._media == "reference":
+            data = data_by_reference(data)
+        text, context = _text(searchable_text(message.text, data)), _text(context)
+        stored = _schema.stored_data(text, data)
         return Row(
             int(message.index),
             _text(str(message.role)),
@@ -334,6 +350,7 @@ class PostgresArchive(Closing):
             _text(str(message.key)),
             index_words(text),
             index_words(context),
+            None if stored is None else stored.replace("\x00", "\ufffd"),
         )
 
     def _deliver(self, batch: Demotion) -> _Steps[int]:
@@ -423,7 +440,7 @@ class PostgresArchive(Closing):
             return []
         vector = (yield _Embed(self._model(), query=request.query)) if dense else None
         flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
-        found: list[Recalled] = yield self._db(flow)
+        found: list[Recalled] = yield self._db(_pg_flows.with_data(self._st, cid, flow))
         return found
 
     def search(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from demote.errors import HookError
+from demote.errors import ConfigError, HookError
 from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
 from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, KEYS_FIELD, Namespace
-from demote.records import DemotedMessage, Demotion
+from demote.records import DemotedMessage, Demotion, data_by_reference, searchable_text
 
-__all__ = ["Mem0Hook"]
+__all__ = ["DATA_FIELD", "Mem0Hook"]
+
+#: The metadata field holding a memory's whole message (JSON text of the neutral form).
+DATA_FIELD = "demote_data"
 
 
 class Mem0Hook(_Mem0Tier):
@@ -28,9 +33,14 @@ class Mem0Hook(_Mem0Tier):
         check_existing: Ask mem0 which keys it already holds before writing (the
             at-least-once guard across processes). ``False`` trusts the in-process cache.
         max_cached_conversations: Conversations whose keys are cached in process.
+        media: How the whole message kept in each memory's metadata holds media:
+            ``"reference"`` (the default: URLs, ids and sizes, no bytes) or ``"bytes"``.
 
-    System messages and messages without text (tool-call-only turns) are skipped: mem0
-    ignores the former and the latter carry nothing to recall.
+    Each memory's text is the message text with one line per tool call
+    (:func:`demote.records.searchable_text`); with ``infer=False`` its metadata holds the
+    whole message as JSON text under :data:`DATA_FIELD`. System messages and messages
+    with nothing to index are skipped: mem0 ignores the former and the latter carry
+    nothing to recall.
 
     :meth:`demote.Demoter.erase` erases it as a tier (see :meth:`erase`).
     """
@@ -46,7 +56,11 @@ class Mem0Hook(_Mem0Tier):
         namespace: Namespace | None = None,
         check_existing: bool = True,
         max_cached_conversations: int = 1024,
+        media: Literal["reference", "bytes"] = "reference",
     ) -> None:
+        if media not in ("reference", "bytes"):
+            raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
+        self._media = media
         self._mem = _Mem0(memory, user_id, agent_id, namespace)
         self._infer = infer
         self._metadata = dict(metadata or {})
@@ -72,9 +86,8 @@ class Mem0Hook(_Mem0Tier):
     def _deliver(self, batch: Demotion) -> _Flow[None]:
         cid = batch.conversation_id
         scope = self._mem.scope(cid)
-        todo = self._known.unknown(
-            cid, [m for m in batch.messages if m.role != "system" and m.text.strip()]
-        )
+        shown = [self._shown(m) for m in batch.messages if m.role != "system"]
+        todo = self._known.unknown(cid, [m for m in shown if m.text.strip()])
         if todo and self._check_existing:
             field = KEYS_FIELD if self._infer else KEY_FIELD
             stored = yield from self._mem.stored_keys(
@@ -89,9 +102,22 @@ class Mem0Hook(_Mem0Tier):
             self._known.add(cid, keys)
             return
         for m in todo:
-            meta = self._meta(cid, [m], {KEY_FIELD: m.key, "demote_index": m.index})
+            own: dict[str, Any] = {KEY_FIELD: m.key, "demote_index": m.index}
+            if m.data is not None:
+                own[DATA_FIELD] = json.dumps(m.data, ensure_ascii=False, default=repr)
+            meta = self._meta(cid, [m], own)
             yield self._mem.add_call(scope, [m], meta, False)
             self._known.add(cid, [m.key])  # at once: a later failure must not re-add it
+
+    def _shown(self, m: DemotedMessage) -> DemotedMessage:
+        """``m`` with the text mem0 gets (tool calls included) and its data as stored."""
+        data = m.data
+        if data is not None and self._media == "reference":
+            data = data_by_reference(data)
+        text = searchable_text(m.text, data)
+        if text is m.text and data is m.data:
+            return m
+        return dataclasses.replace(m, text=text, data=data)
 
     def _meta(
         self, cid: str, messages: list[DemotedMessage], own: dict[str, Any]

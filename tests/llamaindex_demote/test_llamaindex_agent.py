@@ -19,7 +19,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from demote import Demoter, FanOutHook, SlidingWindow
 from demote.hooks.archive import SQLiteArchive
 from llamaindex_demote import DemotingMemory
-from llamaindex_demote.messages import opened_calls
+from llamaindex_demote.messages import from_recalled, opened_calls
 from tests.conformance.contract import RecordingHook
 from tests.llamaindex_demote.support import to_pairs, tool_calling_llm
 
@@ -104,5 +104,8 @@ def test_function_agent_keeps_tool_groups_and_archives_once(tmp_path: Path) -> N
     # Everything before the window was delivered once, in order, and archived.
     delivered = [(m.index, m.text) for b in recorder.batches for m in b.messages]
     assert delivered == [(i, p[1]) for i, p in enumerate(to_pairs(history[:start]))]
-    assert [(r.role, r.text) for r in archive.messages("agent")] == to_pairs(history[:start])
+    archived = archive.messages("agent")
+    assert [(r.role, r.data["text"]) for r in archived if r.data] == to_pairs(history[:start])
+    # Whole messages: the agent's tool calls come back as the memory held them.
+    assert [from_recalled(r) for r in archived] == history[:start]
     archive.close()

@@ -14,7 +14,7 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms.llm import ToolSelection
 
 from demote import Demoter, Recalled, SlidingWindow
-from demote.records import fingerprint
+from demote.records import fingerprint, parts_digest
 from llamaindex_demote import RECALL_PREFIX, from_core, to_core
 from llamaindex_demote.messages import (
     answered_call,
@@ -119,7 +119,11 @@ def test_to_core_record() -> None:
         ("c1",),
         None,
     )
-    assert rec.fingerprint == fingerprint("assistant", "let me look", ("c1",), None)
+    # The call's name and arguments are part of the fingerprint (edited arguments recount).
+    calls = [{"id": "c1", "name": "f", "args": {}}]
+    assert rec.fingerprint == fingerprint(
+        "assistant", "let me look", ("c1",), None, parts_digest(calls)
+    )
     result = to_core(
         ChatMessage(role="tool", content="ok", additional_kwargs={"tool_call_id": "c1"}),
         DEMOTER.describe,
@@ -128,12 +132,20 @@ def test_to_core_record() -> None:
 
 
 def test_fingerprint_ignores_tool_kwargs_serialization() -> None:
-    a = ChatMessage(role="assistant", blocks=[ToolCallBlock(tool_call_id="c", tool_name="f")])
+    a = ChatMessage(
+        role="assistant",
+        blocks=[ToolCallBlock(tool_call_id="c", tool_name="f", tool_kwargs={"x": 1})],
+    )
     b = ChatMessage(
         role="assistant",
         blocks=[ToolCallBlock(tool_call_id="c", tool_name="f", tool_kwargs='{"x": 1}')],
     )
     assert to_core(a, DEMOTER.describe) == to_core(b, DEMOTER.describe)
+    edited = ChatMessage(
+        role="assistant",
+        blocks=[ToolCallBlock(tool_call_id="c", tool_name="f", tool_kwargs={"x": 2})],
+    )
+    assert to_core(edited, DEMOTER.describe).fingerprint != to_core(a, DEMOTER.describe).fingerprint
 
 
 def test_from_core() -> None:

@@ -149,7 +149,7 @@ def test_a_version_3_file_gains_the_fence_table(tmp_path: Path) -> None:
         fill(archive, OTHER, 10)
         archive._db.executescript("DROP TABLE erased; PRAGMA user_version = 3;")
     with SQLiteArchive(path) as migrated:
-        assert rows(migrated, "PRAGMA user_version") == [(_schema.VERSION,)] == [(4,)]
+        assert rows(migrated, "PRAGMA user_version") == [(_schema.VERSION,)] == [(5,)]
         assert migrated.count() == 20
         assert migrated.erase(CID, fence=2) == 10
         with pytest.raises(FencedOut):

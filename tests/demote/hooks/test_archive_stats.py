@@ -155,7 +155,7 @@ def test_a_version_1_file_is_migrated_at_open(tmp_path: Path) -> None:
         fill(fresh, b)
         with SQLiteArchive(tmp_path / "old.db", context=speaker) as migrated:
             db = migrated._db
-            assert db.execute("PRAGMA user_version").fetchone() == (4,)
+            assert db.execute("PRAGMA user_version").fetchone() == (5,)
             assert stats(db) == reference(db) == stats(fresh._db)
             assert counts(db) == {"a": 50, "b": 30}
             for query in ("running dogs", "cake in Paris", "Melanie hiking trip", "museum?"):

@@ -207,7 +207,7 @@ def test_an_old_file_is_migrated_and_embedded_on_request(tmp_path: Path, version
     make_old_archive(path, old, version)
     with SQLiteArchive(path, embeddings=Concepts()) as archive:
         db = archive._db
-        assert db.execute("PRAGMA user_version").fetchone() == (4,)
+        assert db.execute("PRAGMA user_version").fetchone() == (5,)
         assert [m.text for m in archive.messages("c")] == TEXTS
         assert archive.search("c", "bakery")[0].text == TEXTS[1]
         # Neighbours' text was filled in by the migration.
