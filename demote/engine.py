@@ -16,8 +16,9 @@ conversation's full history and a function that describes one message as a
    hook has not accepted them) and the conversation's retry backoff allows an attempt, it
    takes the conversation's in-process gate and, on a shared store, its lease (never
    waiting for either: a caller without them returns the planned window at once). The
-   lease comes with the committed state read in the same step; if it moved on, the load
-   re-plans against it;
+   lease comes with the committed state read in the same step (without a lease, the state
+   is read again once the gate is taken: its last holder may have committed since); if it
+   moved on, the load re-plans against it;
 4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
    the lease's fencing token, then commits the new window start and how far the hook got
    with one compare-and-set that is valid only while the lease is held, and releases the
@@ -534,14 +535,15 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                         return self._window(cid, work), work
                     hold.lease = lease
                     self._keeper.hold(lease)
-                    if lease.state != stored:  # it moved on since we read it: plan again
-                        replanned = self._prepare(
-                            cid, work.messages, describe, lease.state, work.reserved
-                        )
-                        if isinstance(replanned, Window):
-                            yield from self._release(hold)
-                            return replanned, None
-                        work = replanned
+                    current = lease.state
+                else:  # the gate alone: its last holder may have committed since we read
+                    current = yield from self._guarded("get", cid)
+                if current != stored:  # it moved on since we read it: plan again
+                    replanned = self._prepare(cid, work.messages, describe, current, work.reserved)
+                    if isinstance(replanned, Window):
+                        yield from self._release(hold)
+                        return replanned, None
+                    work = replanned
                 if cid in self._unsure:  # delivered before, but that commit failed
                     work.known = True
                 committed, demoted, error = yield from self._settle(hold, work)
