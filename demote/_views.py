@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from demote._groups import GroupIndex
-from demote.planner import plan
+from demote.planner import needed_from, plan
 from demote.policy import SlidingWindow
 from demote.records import TRAIL_DIGITS, TRAIL_KEPT, ConversationState, MessageRecord
 
@@ -245,17 +245,18 @@ def snapshot_bounds(
 ) -> tuple[int, int, str | None]:
     """Pinned count, window start and summary for a stale copy (nothing is committed).
 
-    A copy shorter than the window start is planned on its own (what its cut leaves out
-    was demoted); a longer one gets the committed window, ending where it ends.
+    The copy is planned, never handed a committed window start as it is: the committed
+    state may lag far behind the history this process saw (loads whose delivery another
+    caller or worker held plan a window but commit nothing), so ``[window_start, n)`` of
+    a copy that view recognised can be any length. A copy as long as the window start
+    is planned against the state (what precedes it was demoted); a shorter one on its
+    own (what its cut leaves out was demoted).
     """
     n = len(messages)
-    if n < state.window_start:
-        p = plan(policy, ConversationState(), [describe(m) for m in messages])
-        return p.pinned, p.window_start, state.summary if state.summarized <= n else None
-    if state.window_start > state.pinned:
-        return state.pinned, state.window_start, state.summary
-    pinned = 0  # nothing demoted yet: the window starts after the pinned prefix as it is
-    if policy.pin_system:
-        while pinned < n and describe(messages[pinned]).role == "system":
-            pinned += 1
-    return pinned, pinned, state.summary
+    if n >= state.window_start:
+        lo = needed_from(state)
+        p = plan(policy, state, [describe(m) for m in messages[lo:]], base=lo)
+        if not p.rewritten:
+            return p.pinned, p.window_start, state.summary
+    p = plan(policy, ConversationState(), [describe(m) for m in messages])
+    return p.pinned, p.window_start, state.summary if state.summarized <= n else None
