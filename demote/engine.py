@@ -414,12 +414,15 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                         return self._window(cid, work), work
                     hold.lease = lease
                     self._keeper.hold(lease)
-                    if lease.state != stored:  # it moved on since we read it: plan again
-                        replanned = self._prepare(cid, work.messages, describe, lease.state)
-                        if isinstance(replanned, Window):
-                            yield from self._release(hold)
-                            return replanned, None
-                        work = replanned
+                    now = lease.state
+                else:  # the gate alone: the caller that held it may have committed since
+                    now = yield from self._guarded("get", cid)
+                if now != stored:  # it moved on since we read it: plan again
+                    replanned = self._prepare(cid, work.messages, describe, now)
+                    if isinstance(replanned, Window):
+                        yield from self._release(hold)
+                        return replanned, None
+                    work = replanned
                 if cid in self._unsure:  # delivered before, but that commit failed
                     work.known = True
                 committed, demoted, error = yield from self._settle(hold, work)
