@@ -10,7 +10,11 @@ what fencing promises:
   same conversation had returned: two leases never overlapped where it matters;
 - the final state counts every successful commit (no lost update).
 
-Bounded: at most 2,000 rounds a worker, 2.5 s of work, 90 s for the whole test.
+The measured period starts once every worker has imported demote and connected (each
+writes a ready file; the test then writes the start time to a go file): on a loaded
+machine an import alone can take seconds, and a start fixed in advance left no time to
+work. Bounded: at most 2,000 rounds a worker, 2.5 s of work, 90 s for the workers to get
+ready, 60 s more to finish.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tests.support.lease_worker import CONVERSATIONS, open_store
 
 WORKERS = 4
 DURATION = 2.5
+READY_WAIT = 90.0
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -71,6 +76,20 @@ def _check(logs: list[list[list[Any]]], final: dict[str, Any]) -> dict[str, int]
     return dict(counts)
 
 
+def _start_when_ready(procs: list[subprocess.Popen[bytes]], tmp_path: Path, go: Path) -> None:
+    """Wait (at most READY_WAIT s) until every worker is ready, then write the start time."""
+    deadline = time.monotonic() + READY_WAIT
+    ready = [tmp_path / f"w{n}.json.ready" for n in range(len(procs))]
+    while not all(r.exists() for r in ready):
+        failed = [p.returncode for p in procs if p.poll() is not None]
+        assert not failed, f"a worker exited before it was ready: {failed}"
+        assert time.monotonic() < deadline, f"workers not ready within {READY_WAIT} s"
+        time.sleep(0.02)
+    part = go.with_suffix(".part")  # written whole, then renamed: never read half-written
+    part.write_text(repr(time.time() + 0.2), encoding="utf-8")
+    part.replace(go)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", DURABLE)
 def test_no_two_processes_ever_hold_overlapping_leases(
@@ -84,16 +103,18 @@ def test_no_two_processes_ever_hold_overlapping_leases(
         target, namespace = request.getfixturevalue("postgres_url"), f"t_{uuid.uuid4().hex[:12]}"
         request.addfinalizer(lambda: drop_pg_tables(target, namespace))
     open_store(kind, target, namespace).close()  # create the schema once, up front
-    start = time.time() + 4.0  # time for every worker to import and connect
+    go = tmp_path / "go"
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.support.lease_worker", kind, target, namespace,
-             str(n), str(start), str(DURATION), str(tmp_path / f"w{n}.json")],
+             str(n), str(go), str(DURATION), str(tmp_path / f"w{n}.json")],
             cwd=ROOT,
         )
         for n in range(WORKERS)
     ]  # fmt: skip
     try:
+        _start_when_ready(procs, tmp_path, go)
+        start = float(go.read_text(encoding="utf-8"))
         for p in procs:
             assert p.wait(timeout=max(1.0, start + DURATION + 60 - time.time())) == 0
     finally:
