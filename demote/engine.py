@@ -753,9 +753,38 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             stale = Work(messages, stored, p, view, state, False, False, reserved=reserved)
             return self._window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
+        pinned_tokens = None
+        if (
+            view.index is None
+            and view.base > 0
+            and not state.offset
+            and 0 < state.pinned <= len(messages)
+        ):
+            # Records read from past the pinned head (a restart, a first load in this
+            # process): their tokens count toward a token limit all the same.
+            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
         p = plan(
-            self.policy, state, view.records, base=view.base, index=view.index, reserved=reserved
+            self.policy,
+            state,
+            view.records,
+            base=view.base,
+            index=view.index,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
         )
+        if p.needs is not None and not p.rewritten:
+            # The window starts inside a turn whose opener is before what was read (the
+            # state does not store where it is: after a restart, a first load): read back
+            # to it once; the index the plan returns carries it from then on.
+            view = self._views.records(cid, messages, p.needs, describe)
+            p = plan(
+                self.policy,
+                state,
+                view.records,
+                base=view.base,
+                reserved=reserved,
+                pinned_tokens=pinned_tokens,
+            )
         resynced = False
         if p.rewritten:
             logger.warning(

@@ -119,9 +119,11 @@ class Plan:
             opener, the newest step after clipping) alone exceeds the limit; ``0`` when
             it fits.
         needs: ``None``, unless the window starts inside a turn whose opener the records
-            given do not reach (a restart: no index, records from ``needed_from``): then
-            plan again with records from this index (``0``: where the opener is, is not
-            stored). Until then the plan has no ``opener``.
+            given do not reach (a restart: no index, records from ``needed_from``), or a
+            token window's pinned head is out of their reach and its tokens were not
+            given (``pinned_tokens``): then plan again with records from this index
+            (``0``: where the opener is, is not stored). Until then the plan has no
+            ``opener`` and may undercount the pinned head.
     """
 
     pinned: int
@@ -237,6 +239,9 @@ def plan(
     groups = None
     if index is not None and index.costs == costs and base <= index.end <= end:
         groups = index.update(start, records, base=base)
+        if groups is not None and index.start < pinned:
+            # Built before these pinned messages were counted: its pinned tokens are not theirs.
+            groups = replace(groups, pinned_tokens=None)
         if groups is not None and not fresh and _lacks_opener(groups):
             groups = None  # built from records that did not reach it: look again
     needs: int | None = None
@@ -267,8 +272,14 @@ def plan(
             pinned_tokens = sum(records[i].tokens for i in range(pinned)) if pinned else 0
         else:
             pinned_tokens = groups.pinned_tokens
+            if pinned_tokens is None and index is not None and index.start >= pinned:
+                # An index that did not fit (built again above) still knew the pinned
+                # head's tokens: the pinned messages do not change once something is demoted.
+                pinned_tokens = index.pinned_tokens
     if pinned_tokens is not None and groups.pinned_tokens != pinned_tokens:
         groups = replace(groups, pinned_tokens=pinned_tokens)
+    if pinned_tokens is None and pinned and policy.unit == "tokens" and needs is None:
+        needs = 0  # the pinned head counts toward the limit, and it is out of reach
 
     # 4. Clearing, then the strategy's cut, by bisection over the cumulative sizes.
     fixed = (pinned_tokens or 0) + reserved
