@@ -391,7 +391,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 not kept).
             to_data: Makes the neutral form from the framework message at delivery
                 (kept on the record: one shared function, see
-                :attr:`~demote.records.MessageRecord.to_data`).
+                ``MessageRecord.to_data``).
 
         Raises:
             ArgumentTypeError: ``text`` is not a str, ``opens`` not a sequence of str,
@@ -745,12 +745,13 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
         state = stored or FRESH
+        given, reserved = reserved, self._with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
             # (planned, bounded, placeholders and all), change nothing.
             p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
-            stale = Work(messages, stored, p, view, state, False, False, reserved=reserved)
+            stale = Work(messages, stored, p, view, state, False, False, reserved=given)
             return self._window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
         pinned_tokens = None
@@ -796,6 +797,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             )
             state = ConversationState(generation=state.generation + 1)
             view = self._views.records(cid, messages, 0, describe)
+            reserved = given  # the fresh state has no summary
             p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
             resynced = True
         view.index = p.index
@@ -811,7 +813,18 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 cid,
             )
         known = resynced or state.generation > 0
-        return Work(messages, stored, p, view, target, resynced, known, reserved=reserved)
+        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
+
+    def _with_summary(self, state: ConversationState, reserved: int) -> int:
+        """``reserved`` plus the committed summary's tokens in a token window.
+
+        The summary is sent too (a system message, or the opener's progress note), so it
+        counts toward the limit like the rest of the request.
+        """
+        if state.summary is None or self.policy.unit != "tokens":
+            return reserved
+        text = render_summary(state.summary)
+        return reserved + self.tokens.count(fingerprint("system", text), text)
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.

@@ -20,7 +20,7 @@ it, so a key of another conversation is simply not found and a query is only eve
 
 Rendering. Each hit is one compact block ``[role, time] body`` (the time is the archive
 time, UTC, when the archive recorded it). The body comes from the whole message when the
-archive kept it (:attr:`demote.records.Recalled.data`): an assistant message's tool calls
+archive kept it (``Recalled.data``): an assistant message's tool calls
 read ``name({"arg": ...})``, a tool result reads ``name → result``, media blocks show as
 ``[image]``; a text-only row shows its text. Hits are chosen best first until the token
 budget (counted with the given counter over the whole answer, newlines included) is spent.

@@ -35,10 +35,10 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, cast
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from demote._checks import check_message, check_messages
 from demote._erase_flow import Twin, erase_conversation
@@ -54,7 +54,13 @@ from demote.state.base import validate_conversation_id
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.messages import message_text, to_core
 
-__all__ = ["DemotingChatMessageHistory", "render_window", "with_demotion"]
+__all__ = [
+    "UNANSWERED",
+    "DemotingChatMessageHistory",
+    "answer_dangling",
+    "render_window",
+    "with_demotion",
+]
 
 P = ParamSpec("P")
 
@@ -95,11 +101,55 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
         out.append(opener if summary is None else _with_note(opener, render_progress(summary)))
     if not (window.placeholders or window.clipped):
         out.extend(window.messages)
-        return out
+        return answer_dangling(out)
     for i, message in enumerate(window.messages, window.start):
         text = window.replacement(i)
         out.append(message if text is None else message.model_copy(update={"content": text}))
-    return out
+    return answer_dangling(out)
+
+
+#: What the model is sent as the result of a call that was never run (an interrupt the
+#: user abandoned, a crash between the call and its tool).
+UNANSWERED = "[no result: this call was interrupted before it ran]"
+
+
+def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """``messages`` with a stand-in result for each call that is never answered.
+
+    Providers refuse a tool call without its result once the conversation has moved on
+    (a human-in-the-loop interrupt the user abandoned, then a new question). Each such
+    call gets a :data:`UNANSWERED` ``ToolMessage`` (``status="error"``) right after the
+    results its message did get; a call at the very end (about to run) is left alone. The
+    list is returned as is when nothing dangles; the stored messages are never changed.
+    """
+    out: list[BaseMessage] | None = None
+    i, n = 0, len(messages)
+    while i < n:
+        message = messages[i]
+        j = i + 1
+        if isinstance(message, AIMessage) and message.tool_calls:
+            answered: set[str] = set()
+            while j < n and isinstance(messages[j], ToolMessage):
+                answered.add(cast(ToolMessage, messages[j]).tool_call_id)
+                j += 1
+            missing = [c for c in message.tool_calls if c.get("id") not in answered]
+            if missing and j < n:
+                if out is None:
+                    out = list(messages[:j])
+                else:
+                    out.extend(messages[i:j])
+                out.extend(
+                    ToolMessage(
+                        UNANSWERED, tool_call_id=c.get("id") or "", name=c["name"], status="error"
+                    )
+                    for c in missing
+                )
+                i = j
+                continue
+        if out is not None:
+            out.extend(messages[i:j])
+        i = j
+    return messages if out is None else out
 
 
 class DemotingChatMessageHistory(BaseChatMessageHistory):
