@@ -49,7 +49,7 @@ from bench.agent_traces import AgentTrace, benchmark_traces, summary, text_of
 from bench.common import RESULTS, environment, progress, table, write_json
 from demote import Bulk, Compact, Demoter, SlidingWindow
 from demote.cli.cachecost import ANTHROPIC, CacheMeter
-from demote.policy import ClearToolResults
+from demote.window.policy import ClearToolResults
 from tests.support.provider_rules import violations
 
 SECTION = "agents"

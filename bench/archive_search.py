@@ -1,4 +1,4 @@
-"""Search latency of :class:`~demote.hooks.archive.SQLiteArchive` against archive size.
+"""Search latency of :class:`~demote.archive.sqlite.SQLiteArchive` against archive size.
 
 Recall runs on the request path (every model call may search), so a search must stay cheap
 however long the conversation has grown. This fills one conversation of a fresh archive
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recall_locomo import conversations, data_dir, local_model
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 
 _TOPICS = (

@@ -51,7 +51,7 @@ from demote import Bulk, Compact, PerItem, SlidingWindow
 from demote.cli.replay import SYSTEM_PROMPT_ID, ReplayMeter, ReplayResult, plot_windows, replay
 from demote.cli.transcript import Transcript
 from demote.records import fingerprint
-from demote.tokens import MESSAGE_OVERHEAD, approximate_tokens
+from demote.window.tokens import MESSAGE_OVERHEAD, approximate_tokens
 
 SECTION = "cache_cost"
 SYSTEM_PROMPT_TOKENS = 200

@@ -337,7 +337,7 @@ def _drive(demoter: Any, cids: list[str], pool: list[tuple[str, str]]) -> dict[s
 def memory_per_conversation(n: int, pool: list[tuple[str, str]]) -> dict[str, Any]:
     from demote import Demoter, SlidingWindow
     from demote.state import InMemoryStateStore
-    from demote.tokens import TokenCache
+    from demote.window.tokens import TokenCache
 
     cids = [f"conversation-{i:06d}" for i in range(n)]
     gc.collect()

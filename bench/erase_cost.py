@@ -1,4 +1,4 @@
-"""What :meth:`SQLiteArchive.erase <demote.hooks.archive.SQLiteArchive.erase>` costs.
+"""What :meth:`SQLiteArchive.erase <demote.archive.sqlite.SQLiteArchive.erase>` costs.
 
 An erase deletes one conversation's rows and statistics, then merges the whole full-text
 index (FTS5 ``optimize``) so that no old segment keeps the conversation's words, and
@@ -27,9 +27,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from demote._wal import truncate_wal
-from demote.hooks import _lexical
-from demote.hooks.archive import SQLiteArchive
+from demote.archive import _lexical
+from demote.archive.sqlite import SQLiteArchive
+from demote.backends.wal import truncate_wal
 from demote.records import DemotedMessage, Demotion
 
 CONVERSATIONS = 100

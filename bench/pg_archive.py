@@ -1,6 +1,6 @@
 """Section 6: the PostgreSQL archive for a fleet, beside the SQLite archive.
 
-Three measurements, each side by side with :class:`~demote.hooks.archive.SQLiteArchive`
+Three measurements, each side by side with :class:`~demote.archive.sqlite.SQLiteArchive`
 in the same run:
 
 1. **Search latency** (``search(conversation, question, k=5)``, speaker and date as
@@ -39,7 +39,7 @@ from typing import Any
 
 from bench.archive_search import corpus, fill, speaker_mapping
 from bench.common import RESULTS, environment, table, write_json
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 
 QUERIES = 500
@@ -125,7 +125,7 @@ def _batches(conversation: str, texts: Sequence[str], n: int, offset: int) -> li
 def _open(kind: str, where: tuple[str, str]) -> Any:
     """An archive of ``kind`` on ``where``: ``(dsn, table)`` or ``(path, "")``."""
     if kind == "postgres":
-        from demote.hooks.postgres_archive import PostgresArchive
+        from demote.archive.postgres import PostgresArchive
 
         return PostgresArchive(where[0], table=where[1], context=speaker_mapping)
     return SQLiteArchive(where[0], context=speaker_mapping, timeout=60)
@@ -198,7 +198,7 @@ def latency(
     url: str, texts: Sequence[str], queries: Sequence[str], sizes: Sequence[int], tmp: Path
 ) -> list[dict[str, Any]]:
     """Search latency in one conversation of each size, both archives."""
-    from demote.hooks.postgres_archive import PostgresArchive
+    from demote.archive.postgres import PostgresArchive
 
     rows = []
     for n in sizes:
@@ -273,7 +273,7 @@ def fleet(
 def recall(url: str) -> dict[str, Any]:
     """Evidence retained on LoCoMo, SQLite and PostgreSQL archives with the same options."""
     from bench.recall_locomo import HELD_OUT, evaluate, rates, speaker_context
-    from demote.hooks.postgres_archive import PostgresArchive
+    from demote.archive.postgres import PostgresArchive
 
     setups: dict[str, dict[str, Any]] = {
         "plain BM25": {"coverage": 0, "neighbours": 0, "adjacent_weight": 0},

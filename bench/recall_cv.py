@@ -10,7 +10,7 @@ Protocol (the same as :mod:`bench.recall_locomo`): each conversation is replayed
 3.6 evidence turns on average, the others about one) counts as retained when each of its
 evidence turns is in the window or among the recalled messages. A question's ranking is
 asked for once per option set (``k=100``, no budget) and every measure is read from it
-with the archive's own rule (:func:`demote.hooks._rank.fit`): top 5 and top 10, the top 5
+with the archive's own rule (:func:`demote.archive._rank.fit`): top 5 and top 10, the top 5
 cut to 250 recalled tokens (the headline: ``search(..., k=5, budget_tokens=250)``), and
 whatever fits in 250, 500 or 1,000 tokens.
 
@@ -51,7 +51,7 @@ from bench.recall_locomo import (
     replay,
     speaker_context,
 )
-from demote.hooks._rank import fit
+from demote.archive._rank import fit
 from demote.records import DemotedMessage, Recalled
 
 #: The rankings are read this deep: the archive's default pool, so the top 5 here is exactly
@@ -289,7 +289,7 @@ def shipping(folds: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str,
 
 
 def make_archive(path: Path, build: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
-    from demote.hooks.archive import SQLiteArchive
+    from demote.archive.sqlite import SQLiteArchive
 
     context = _CONTEXTS[build.get("context", "speaker/date")]
     return SQLiteArchive(path, context=context, **{**dict(build.get("options", {})), **options})

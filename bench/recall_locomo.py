@@ -377,8 +377,8 @@ class QueryVariant:
     def search(
         self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
     ) -> list[Recalled]:
-        from demote.hooks._fts import query_terms
-        from demote.hooks._rank import fit
+        from demote.archive._fts import query_terms
+        from demote.archive._rank import fit
 
         terms = query_terms(query)
         if self.kind == "prf":
@@ -411,7 +411,7 @@ Factory = Callable[[Path], Store]
 
 
 def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str, Factory]:
-    from demote.hooks.archive import SQLiteArchive
+    from demote.archive.sqlite import SQLiteArchive
 
     c = speaker_context
     found: dict[str, Factory] = {

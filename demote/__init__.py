@@ -9,8 +9,11 @@ command and the tools it is built from (transcript replay, prompt-cache pricing)
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from demote.archive.postgres import PostgresArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
-from demote.engine import Demoter, Window
+from demote.engine.demoter import Demoter, Window
+from demote.engine.retry import Backoff
 from demote.errors import (
     ArgumentTypeError,
     ConfigError,
@@ -31,11 +34,7 @@ from demote.errors import (
     TranscriptError,
 )
 from demote.events import ConversationStats, DemoteEvent, DemoterStats
-from demote.hooks.archive import SQLiteArchive
-from demote.hooks.postgres_archive import PostgresArchive
 from demote.hooks.simple import CallbackHook, FanOutHook, NoopHook
-from demote.planner import Plan, plan
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import (
     CapturedTurn,
     ConversationState,
@@ -44,7 +43,6 @@ from demote.records import (
     MessageRecord,
     Recalled,
 )
-from demote.retry import Backoff
 from demote.state import (
     AsyncStateStore,
     InMemoryStateStore,
@@ -56,6 +54,8 @@ from demote.state import (
     StateStore,
 )
 from demote.summarize import ModelSummarizer, TemplateSummarizer
+from demote.window.planner import Plan, plan
+from demote.window.policy import Bulk, Compact, PerItem, SlidingWindow
 
 __all__ = [
     "ArgumentTypeError",

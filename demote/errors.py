@@ -123,7 +123,7 @@ class StoreError(DemoteError):
 class StoreUnavailable(StoreError):
     """A store call was skipped: the store failed recently and its breaker is open.
 
-    Raised at once, without contacting the store, while :mod:`demote.breaker` waits for
+    Raised at once, without contacting the store, while :mod:`demote.backends.breaker` waits for
     the next probe; loads degrade on it (``on_store_error="degrade"``) like on any other
     store failure.
     """

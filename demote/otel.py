@@ -51,7 +51,7 @@ from demote.events import DemoteEvent, DemoterStats
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
-    from demote.engine import Demoter
+    from demote.engine.demoter import Demoter
 
 __all__ = ["Instrumentation", "instrument"]
 
@@ -185,7 +185,7 @@ def instrument(
         from opentelemetry import metrics
     except ImportError as exc:
         raise MissingExtraError("opentelemetry-api", "otel") from exc
-    from demote.engine import Demoter
+    from demote.engine.demoter import Demoter
 
     if not isinstance(demoter, Demoter):
         raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")

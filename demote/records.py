@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from demote._media import by_reference
 from demote.errors import ConfigError
+from demote.window._media import by_reference
 
 __all__ = [
     "MESSAGE_DATA_KEYS",

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 from demote._validate import count
 from demote.errors import ConfigError
 from demote.records import MessageRecord
-from demote.tokens import approximate_tokens
+from demote.window.tokens import approximate_tokens
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",

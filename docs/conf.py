@@ -58,7 +58,7 @@ _OURS = ("demote", "langchain_demote", "llamaindex_demote")
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!(demote|langchain_demote|llamaindex_demote)(\.|$)).*"),
     (r"py:.*", r"(demote|langchain_demote|llamaindex_demote)\..*\.[A-Z]$"),  # TypeVars
-    (r"py:.*", r".*\._[A-Za-z].*"),  # private names (demote._groups) are not in the reference
+    (r"py:.*", r".*\._[A-Za-z].*"),  # private names are not in the reference
 ]
 
 _log = logging.getLogger("demote.docs")

@@ -1,6 +1,6 @@
 """Erasing an agent's conversation: its LangGraph thread, its demotion state, its long tail.
 
-``DemotingMiddleware.erase`` runs :func:`demote._erase_flow.erase_conversation` with the
+``DemotingMiddleware.erase`` runs :func:`demote.engine._erase_flow.erase_conversation` with the
 thread as the inner store: the messages are read from the thread's latest checkpoint
 (at their absolute positions: with ``prune_state=True`` the pruned prefix is counted, so
 the dedup keys of the kept messages are the ones they were delivered under), then the
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
-from demote._erase_flow import Twin, erase_conversation
-from demote._flow import Flow
+from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine._flow import Flow
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.state.base import validate_conversation_id

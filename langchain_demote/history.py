@@ -41,10 +41,10 @@ from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from demote._checks import check_message, check_messages
-from demote._erase_flow import Twin, erase_conversation
-from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter, Window, render_progress, render_summary
+from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent

@@ -28,13 +28,13 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import ConfigDict
 
-from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
+from demote.archive import _args
 from demote.engine import Demoter
+from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import conversation_hash
 from demote.errors import ArgumentTypeError, ConfigError, FencedOut
 from demote.events import DemoteEvent
-from demote.hooks import _args
 from demote.hooks.base import Recall
 from demote.records import (
     DemotedMessage,
@@ -311,7 +311,7 @@ def archive_retriever(
 
     Args:
         archive: Anything with ``search(conversation_id, query, k)``, e.g.
-            :class:`~demote.hooks.archive.SQLiteArchive`.
+            :class:`~demote.archive.sqlite.SQLiteArchive`.
         conversation_id: The conversation to search.
         k: How many messages to return at most (>= 1).
         budget_tokens: At most this many tokens of recalled text in all, best hits

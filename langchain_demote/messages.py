@@ -48,7 +48,7 @@ from langchain_core.messages import (
 from demote.engine import Window, render_summary
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLE_ALIASES, MessageRecord, Recalled, Role, text_data
-from demote.tokens import MessageCounter
+from demote.window.tokens import MessageCounter
 
 __all__ = [
     "Describe",
@@ -310,7 +310,7 @@ def message_counter(
     message once (cached by fingerprint) with the chat model's
     ``get_num_tokens_from_messages``; any callable over a list of messages works too
     (``count_tokens_approximately``, a ``trim_messages`` ``token_counter``). Register it
-    with :func:`demote.tokens.register_counter` to write the policy to JSON.
+    with :func:`demote.window.tokens.register_counter` to write the policy to JSON.
 
     Raises:
         ArgumentTypeError: ``counter`` is neither a language model nor callable.

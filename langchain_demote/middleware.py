@@ -117,9 +117,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
-from demote._flow import drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter, Window
+from demote.engine._flow import drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent

@@ -13,7 +13,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from demote.summarize import DEFAULT_SUMMARY_PROMPT, ModelSummarizer
-from demote.tokens import approximate_tokens
+from demote.window.tokens import approximate_tokens
 
 __all__ = ["ChatModelSummarizer"]
 

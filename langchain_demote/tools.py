@@ -3,7 +3,7 @@
 ``DemotingMiddleware(recall=archive)`` injects recall before the newest human message,
 which suits a chat. An agent also needs to look something up when *it* decides to, and to
 get back a tool result the window cleared (its placeholder names the archived key; see
-:func:`demote.clearing.placeholder_text`). :func:`recall_tool` gives it a LangChain tool
+:func:`demote.window.clearing.placeholder_text`). :func:`recall_tool` gives it a LangChain tool
 for both::
 
     archive = SQLiteArchive("archive.db")
@@ -23,10 +23,10 @@ config ``configurable.thread_id``), or what a ``conversation_id=`` callable (or 
 message). The model passes only a query, a key, ``k`` and a budget: a key of another
 conversation is not found, a query is only ever searched for as words, and a run with no
 conversation gets a sentence saying so. The answer is always text for the model
-(:mod:`demote.recall_render` renders it, the same for LlamaIndex), never an exception.
+(:mod:`demote.archive.render` renders it, the same for LlamaIndex), never an exception.
 
 Sync and async: ``invoke`` runs the archive's ``search`` / ``fetch``, ``ainvoke`` awaits
-``asearch`` / ``afetch``; both drive the one flow :func:`demote.recall_render.answer`.
+``asearch`` / ``afetch``; both drive the one flow :func:`demote.archive.render.answer`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolArg
 from pydantic import BaseModel, ConfigDict
 
-from demote._flow import drive_async, drive_sync
+from demote.archive.render import TOOL_DESCRIPTION, RecallArgs, RecallOptions, answer, tool_options
+from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ConfigError
-from demote.recall_render import TOOL_DESCRIPTION, RecallArgs, RecallOptions, answer, tool_options
-from demote.tokens import Counter
+from demote.window.tokens import Counter
 
 __all__ = ["RecallInput", "RecallTool", "recall_tool"]
 

@@ -59,16 +59,16 @@ from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreM
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote._checks import check_message, check_messages
-from demote._erase_flow import Twin, erase_conversation
-from demote._flow import Call, Flow, drive_async, drive_sync
 from demote._validate import count
 from demote.engine import Demoter, Window
+from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
-from demote.policy import SlidingWindow
 from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
+from demote.window.policy import SlidingWindow
 from llamaindex_demote import persist
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.instrumentation import dispatcher, emit_events

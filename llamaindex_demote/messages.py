@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import MessageRecord, Recalled, Role, text_data
-from demote.tokens import MessageCounter
+from demote.window.tokens import MessageCounter
 
 __all__ = [
     "Describe",

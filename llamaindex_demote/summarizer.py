@@ -13,7 +13,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.llms import LLM
 
 from demote.summarize import DEFAULT_SUMMARY_PROMPT, ModelSummarizer
-from demote.tokens import approximate_tokens
+from demote.window.tokens import approximate_tokens
 
 __all__ = ["LLMSummarizer"]
 

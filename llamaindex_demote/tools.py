@@ -2,7 +2,7 @@
 
 ``DemotingMemory(recall=archive)`` places recall in the prompt of a chat. An agent also
 needs to look something up when *it* decides to, and to read back a tool result by the
-key its placeholder names (:func:`demote.clearing.placeholder_text`).
+key its placeholder names (:func:`demote.window.clearing.placeholder_text`).
 :func:`recall_tool` gives it a ``FunctionTool`` for both, bound to one conversation::
 
     memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="user-42")
@@ -12,19 +12,19 @@ key its placeholder names (:func:`demote.clearing.placeholder_text`).
 The conversation is fixed when the tool is made (the memory's ``chat_store_key``), never
 an argument of the model: a key of another conversation is not found and a query is only
 ever searched for as words. The answer is always text for the model, rendered by
-:mod:`demote.recall_render` as for LangChain; ``call`` runs the archive's ``search`` /
+:mod:`demote.archive.render` as for LangChain; ``call`` runs the archive's ``search`` /
 ``fetch`` and ``acall`` awaits ``asearch`` / ``afetch``, both through the one flow
-:func:`demote.recall_render.answer`.
+:func:`demote.archive.render.answer`.
 """
 
 from __future__ import annotations
 
 from llama_index.core.tools import FunctionTool
 
-from demote._flow import drive_async, drive_sync
-from demote.recall_render import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
+from demote.archive.render import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
+from demote.engine._flow import drive_async, drive_sync
 from demote.state.base import validate_conversation_id
-from demote.tokens import Counter
+from demote.window.tokens import Counter
 
 __all__ = ["recall_tool"]
 

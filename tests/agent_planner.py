@@ -2,12 +2,12 @@
 
 The step-and-clearing planner is built in parallel to the engine and adapters that serve
 its plans. Until it lands, adapter tests can run on this small stand-in, which fills the
-agent fields of :class:`~demote.planner.Plan` the way their docstrings define them, for
+agent fields of :class:`~demote.window.planner.Plan` the way their docstrings define them, for
 ``PerItem`` token windows only: inside the running turn the window starts at the oldest
 step boundary that fits ``limit`` with ``reserved`` and the opener; the newest step stays
 whatever its size (the excess is the overhang); with ``policy.clearing``, once the tool
 results in the window pass ``trigger`` tokens, all but the newest ``keep`` are cleared
-(counted as :data:`~demote.clearing.PLACEHOLDER_TOKENS`). It reads the whole history
+(counted as :data:`~demote.window.clearing.PLACEHOLDER_TOKENS`). It reads the whole history
 (``needed_from`` is 0), so it is a test tool, not a model of the real planner's cost.
 
 :func:`steps_planner_landed` says whether the real planner already cuts inside a turn,
@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-import demote._views
 import demote.engine
-from demote.clearing import PLACEHOLDER_TOKENS
-from demote.planner import Plan
-from demote.planner import plan as real_plan
-from demote.policy import PerItem, SlidingWindow
+import demote.engine._views
 from demote.records import ConversationState, MessageRecord
+from demote.window.clearing import PLACEHOLDER_TOKENS
+from demote.window.planner import Plan
+from demote.window.planner import plan as real_plan
+from demote.window.policy import PerItem, SlidingWindow
 
 __all__ = ["step_plan", "steps_planner_landed", "use_contract_planner"]
 
@@ -127,7 +127,7 @@ def _read_all(state: ConversationState) -> int:
 
 def use_contract_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the engine plan with :func:`step_plan` for the rest of the test."""
-    for module in (demote.engine, demote._views):
+    for module in (demote.engine, demote.engine._views):
         monkeypatch.setattr(module, "plan", step_plan)
         monkeypatch.setattr(module, "needed_from", _read_all)
 

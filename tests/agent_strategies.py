@@ -33,7 +33,7 @@ from langchain_core.messages import (
 
 from bench.agent_traces import AgentTrace, Request, Step, text_of
 from demote import Bulk, Compact, PerItem, SlidingWindow
-from demote.policy import ClearToolResults
+from demote.window.policy import ClearToolResults
 
 __all__ = ["AgentScript", "agent_policies", "agent_scripts", "events", "streamed"]
 

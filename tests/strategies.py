@@ -16,10 +16,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from demote.planner import Plan, turn_groups
-from demote.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
 from demote.records import ConversationState, MessageRecord, fingerprint
-from demote.tokens import MESSAGE_OVERHEAD, approximate_tokens
+from demote.window.planner import Plan, turn_groups
+from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+from demote.window.tokens import MESSAGE_OVERHEAD, approximate_tokens
 
 
 @dataclass(frozen=True, slots=True, eq=False)

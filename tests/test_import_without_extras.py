@@ -27,8 +27,8 @@ for mod in list(sys.modules):
         del sys.modules[mod]
 
 import demote
-import demote.engine, demote.planner, demote.policy, demote.state, demote.hooks.simple
-import demote.tokens, demote.records, demote.errors, demote.sync
+import demote.engine, demote.window.planner, demote.window.policy, demote.state, demote.hooks.simple
+import demote.window.tokens, demote.records, demote.errors, demote.sync
 
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("langchain", "langchain_core",
                 "llama_index", "mem0"))

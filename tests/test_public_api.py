@@ -13,8 +13,8 @@ import pytest
 import demote
 import demote.errors
 import demote.hooks.simple
-import demote.policy
 import demote.state
+import demote.window.policy
 
 
 def check_all(module: ModuleType, *, sort: bool = True) -> None:
@@ -63,11 +63,11 @@ def test_demote_exports_come_from_demote() -> None:
     "module",
     [
         "demote.errors",
-        "demote.policy",
+        "demote.window.policy",
         "demote.records",
-        "demote.planner",
+        "demote.window.planner",
         "demote.engine",
-        "demote.tokens",
+        "demote.window.tokens",
         "demote.state",
         "demote.hooks.simple",
         "demote.hooks.base",
@@ -92,7 +92,7 @@ def test_adapter_all(package: str) -> None:
 def test_version_and_archive_at_the_top() -> None:
     from importlib.metadata import version
 
-    from demote.hooks.archive import SQLiteArchive
+    from demote.archive.sqlite import SQLiteArchive
 
     assert demote.__version__ == version("demote")
     assert demote.SQLiteArchive is SQLiteArchive and "SQLiteArchive" in demote.__all__

@@ -15,7 +15,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from demote._wal import truncate_wal
+from demote.backends.wal import truncate_wal
 
 logger = logging.getLogger("demote.capture")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from demote._sqlite_kind import OUTBOX, Columns, declare, schema_columns
+from demote.backends.sqlite_kind import OUTBOX, Columns, declare, schema_columns
 from demote.capture.codec import conversation_of, decode
 from demote.erase import conversation_hash
 from demote.errors import StoreError

@@ -67,8 +67,8 @@ from os import PathLike
 from typing import Any, Literal
 
 from demote._closing import Closing
-from demote._sqlite_kind import OUTBOX, check_kind, claim_kind, connect
 from demote._validate import count, file_path, seconds
+from demote.backends.sqlite_kind import OUTBOX, check_kind, claim_kind, connect
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
 from demote.capture.codec import decode, dedup_key

@@ -1,6 +1,6 @@
 """The ``demote`` command and the tools it is built from, one floor above the core.
 
-The core (:mod:`demote.policy`, :mod:`demote.planner`, :mod:`demote.engine`, the state
+The core (:mod:`demote.window.policy`, :mod:`demote.window.planner`, :mod:`demote.engine`, the state
 stores, hooks and capture) never imports anything here. This package holds what is built
 on it:
 

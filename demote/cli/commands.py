@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from demote.archive.sqlite import SQLiteArchive
 from demote.cli._table import table
 from demote.cli.demo_parts import progress_bar
 from demote.cli.replay import ReplayResult, describe_policy, plot_windows, replay
 from demote.cli.transcript import Format, Transcript, load_transcript
 from demote.errors import ConfigError, MissingExtraError, TranscriptError
-from demote.hooks.archive import SQLiteArchive
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.records import MessageRecord
 from demote.state.sqlite import SQLiteStateStore
 from demote.summarize import TemplateSummarizer
+from demote.window.policy import Bulk, Compact, PerItem, SlidingWindow
 
 if TYPE_CHECKING:
-    from demote.hooks.postgres_archive import PostgresArchive
+    from demote.archive.postgres import PostgresArchive
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -298,7 +298,7 @@ def open_archive(
         StoreError: PostgreSQL cannot be reached, or holds no archive in ``table``.
     """
     if _is_dsn(archive):
-        from demote.hooks.postgres_archive import PostgresArchive
+        from demote.archive.postgres import PostgresArchive
 
         return PostgresArchive(os.fspath(archive), table=table or "demote_archive", read_only=True)
     if table is not None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
 
+from demote.archive.sqlite import SQLiteArchive
 from demote.cli.demo_parts import (
     LANGCHAIN_ID,
     LLAMAINDEX_ID,
@@ -51,12 +52,11 @@ from demote.cli.demo_table import print_table
 from demote.cli.offline import content_terms
 from demote.cli.replay import describe_policy
 from demote.cli.transcript import LOCOMO_HINT, Transcript, builtin_transcript, load_transcript
-from demote.engine import Demoter
+from demote.engine.demoter import Demoter
 from demote.errors import ConfigError, StoreError
-from demote.hooks.archive import SQLiteArchive
-from demote.policy import Bulk, Compact, PerItem, SlidingWindow
 from demote.state.sqlite import SQLiteStateStore
 from demote.summarize import TemplateSummarizer
+from demote.window.policy import Bulk, Compact, PerItem, SlidingWindow
 
 __all__ = [
     "STRATEGIES",

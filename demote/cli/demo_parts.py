@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from demote.archive.sqlite import SQLiteArchive
 from demote.cli.cachecost import CacheMeter
-from demote.hooks.archive import SQLiteArchive
 from demote.records import Demotion, fingerprint
-from demote.tokens import TokenCache
+from demote.window.tokens import TokenCache
 
 __all__ = [
     "LANGCHAIN_ID",

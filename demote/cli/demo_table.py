@@ -7,7 +7,7 @@ from typing import IO
 
 from demote.cli._table import table
 from demote.cli.demo_parts import DemoOptions, PartResult, Probe, Script
-from demote.policy import SlidingWindow
+from demote.window.policy import SlidingWindow
 
 __all__ = ["print_table"]
 

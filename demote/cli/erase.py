@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from demote.archive.sqlite import SQLiteArchive
 from demote.cli._table import table
-from demote.engine import Demoter
+from demote.engine.demoter import Demoter
 from demote.erase import EraseReport
 from demote.errors import ConfigError
-from demote.hooks.archive import SQLiteArchive
-from demote.policy import SlidingWindow
 from demote.state.sqlite import APPLICATION_ID, SQLiteStateStore
+from demote.window.policy import SlidingWindow
 
 __all__ = ["erase_stores", "file_kind"]
 
@@ -92,7 +92,7 @@ def erase_stores(
         state: The :class:`~demote.SQLiteStateStore` file, or the URL of a fleet's
             :class:`~demote.RedisStateStore` (``redis://``) or
             :class:`~demote.PostgresStateStore` (``postgresql://``).
-        archive: The :class:`~demote.hooks.archive.SQLiteArchive` file, or the URL of a
+        archive: The :class:`~demote.archive.sqlite.SQLiteArchive` file, or the URL of a
             :class:`~demote.PostgresArchive` (``postgresql://``).
         outbox: The :class:`~demote.SQLiteOutbox` file, if the application has one.
         wait: Seconds to wait for a delivery in flight (the state store's lease time,
@@ -167,7 +167,7 @@ def _archive(
     archive: str | os.PathLike[str], paths: dict[str, Path], table: str | None
 ) -> SQLiteArchive | Any:
     if _url(archive) == "postgresql":
-        from demote.hooks.postgres_archive import PostgresArchive
+        from demote.archive.postgres import PostgresArchive
 
         return PostgresArchive(os.fspath(archive), table=table or "demote_archive")
     return SQLiteArchive(paths["--archive"])

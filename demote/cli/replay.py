@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 from demote.cli.cachecost import PRICINGS, CacheCost, CacheMeter, Pricing, Prompt
 from demote.cli.transcript import Transcript
-from demote.engine import Demoter, render_summary
+from demote.engine.demoter import Demoter, render_summary
 from demote.errors import ConfigError, MissingExtraError
-from demote.policy import Bulk, Compact, SlidingWindow
 from demote.records import MessageRecord, fingerprint
+from demote.window.policy import Bulk, Compact, SlidingWindow
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

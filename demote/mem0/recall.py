@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from demote.archive import _args
+from demote.archive._rank import fit
 from demote.errors import StoreError
-from demote.hooks import _args
-from demote.hooks._rank import fit
 from demote.mem0._drivers import _Flow, _Mem0, _results
 from demote.mem0.config import KEY_FIELD, Namespace
 from demote.records import Recalled
 from demote.state.base import validate_conversation_id
-from demote.tokens import Counter
+from demote.window.tokens import Counter
 
 __all__ = ["Mem0Recall"]
 

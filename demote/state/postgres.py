@@ -10,7 +10,7 @@ connections; the statements are written once (``_pg_sql.Sql``) and executed by a
 driver over a ``psycopg_pool.ConnectionPool`` and an async one over an
 ``AsyncConnectionPool`` (one per event loop), both built from the same settings.
 
-Failure handling, for a fleet (:class:`demote._pg.Pools`, shared with the PostgreSQL
+Failure handling, for a fleet (:class:`demote.backends.postgres.Pools`, shared with the PostgreSQL
 archive):
 
 - connections have a connect timeout, a server-side ``statement_timeout``, TCP
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from demote._pg import Pools, table_name
+from demote.backends.postgres import Pools, table_name
 from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
@@ -68,7 +68,7 @@ class PostgresStateStore(OpStore):
         timeout: Client-side deadline of one operation, in seconds: waiting for a pooled
             connection plus the round trip. Past it the call fails with StoreError.
             Short by default: every operation is one single-row statement, and a load
-            whose store does not answer degrades (see :mod:`demote.breaker`), so the
+            whose store does not answer degrades (see :mod:`demote.backends.breaker`), so the
             slowest turn during an outage costs about this.
         connect_timeout: Seconds to establish a connection (libpq rounds up, minimum 2).
         statement_timeout: Server-side limit of one statement, in seconds.

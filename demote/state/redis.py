@@ -37,12 +37,12 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from demote._validate import count, seconds
+from demote.backends.loops import PerLoop
+from demote.backends.worker import Worker
 from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, decode_state, encode_state, storable_id
-from demote.state._loops import PerLoop
 from demote.state._ops import Op, OpStore
-from demote.state._worker import Worker
 from demote.state.base import Lease, check_holder, tombstone
 
 __all__ = ["RedisStateStore"]
@@ -216,7 +216,7 @@ class RedisStateStore(OpStore):
         prefix: Prefix of every key this store writes.
         socket_timeout: Seconds to wait for a reply before the call fails. Short by
             default: every operation is one small command or script, and a load whose
-            store does not answer degrades (see :mod:`demote.breaker`), so the slowest
+            store does not answer degrades (see :mod:`demote.backends.breaker`), so the slowest
             turn during an outage costs about this.
         socket_connect_timeout: Seconds to wait for a connection.
         retries: How many times a call is retried after a connection error (backoff

@@ -39,14 +39,14 @@ from contextlib import contextmanager
 from dataclasses import astuple
 from typing import TypeVar
 
-from demote._sqlite_kind import Columns, check_kind, connect, declare, schema_columns
 from demote._validate import file_path, seconds
-from demote._wal import truncate_wal
+from demote.backends.sqlite_kind import Columns, check_kind, connect, declare, schema_columns
+from demote.backends.wal import truncate_wal
+from demote.backends.worker import Worker
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
 from demote.state._ops import Op, OpStore
-from demote.state._worker import Worker
 from demote.state.base import Lease, tombstone
 
 __all__ = ["SQLiteStateStore"]

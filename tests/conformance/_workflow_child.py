@@ -34,7 +34,7 @@ from llama_index.core.workflow import Context, HumanResponseEvent, InputRequired
 from workflows.context.serializers import BaseSerializer, JsonSerializer, PickleSerializer
 
 from demote import CallbackHook, Demoter, Demotion, FanOutHook, SlidingWindow, SQLiteStateStore
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.registry import register
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.messages import text_of

@@ -43,8 +43,8 @@ from demote import (
     SQLiteStateStore,
     StateStore,
 )
-from demote.planner import turn_groups
 from demote.state.memory import InMemoryStateStore
+from demote.window.planner import turn_groups
 from tests.conformance.driver import Flavour, MakeDriver, MemoryDriver, Pair
 
 __all__ = ["POLICIES", "DemotingMemoryContract", "RecordingHook", "check_window", "say"]

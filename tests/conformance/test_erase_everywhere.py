@@ -3,7 +3,7 @@
 A conversation holding a unique secret is written through the LangChain history, the
 agents middleware and the LlamaIndex memory, over one hook: a ``FanOutHook`` of an
 ``SQLiteArchive``, a ``Recorder`` with an ``SQLiteOutbox`` in front of mem0 (a real
-offline ``Memory``, configured as in tests/demote/test_mem0.py; it refuses one batch,
+offline ``Memory``, configured as in tests/demote/mem0/test_mem0.py; it refuses one batch,
 which the outbox dead-letters) and a ``VectorStoreHook`` on langchain-core's
 ``InMemoryVectorStore``; the demotion state is an ``SQLiteStateStore``. The two chat
 adapters also capture user turns into a second mem0 through a Recorder with its own
@@ -35,15 +35,15 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
 from demote import Demoter, Demotion, FanOutHook, Recorder, SlidingWindow, SQLiteStateStore
+from demote.archive.sqlite import SQLiteArchive
 from demote.capture import RetryPolicy, SQLiteOutbox
 from demote.erase import EraseReport
-from demote.hooks.archive import SQLiteArchive
 from demote.mem0 import Mem0Capture, Mem0Hook, Mem0Recall
 from langchain_demote import DemotingChatMessageHistory, VectorStoreHook, archive_retriever
 from llamaindex_demote import DemotingMemory
-from tests.demote import test_mem0
 from tests.demote.capture.test_capture_erase import leaks, wait_for
-from tests.demote.test_mem0 import stored
+from tests.demote.mem0 import test_mem0
+from tests.demote.mem0.test_mem0 import stored
 
 mem0_module = test_mem0.mem0_module
 make_memory = test_mem0.make_memory

@@ -24,8 +24,8 @@ from langchain_core.runnables import ConfigurableFieldSpec, Runnable, RunnableLa
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from demote import ConversationIdError, Demoter, SlidingWindow
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError
-from demote.hooks.archive import SQLiteArchive
 from langchain_demote import archive_retriever, with_demotion
 from tests.conformance._langchain import EchoModel, contents
 from tests.conformance.contract import RecordingHook

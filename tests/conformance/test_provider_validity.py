@@ -34,9 +34,9 @@ from bench.agent_run import run_agent
 from bench.agent_traces import long_request, oversized, parallel
 from demote import Bulk, Compact, Demoter, PerItem, SlidingWindow
 from demote.engine import SUMMARY_PREFIX
-from demote.planner import turn_groups
-from demote.policy import ClearToolResults
 from demote.summarize import TemplateSummarizer
+from demote.window.planner import turn_groups
+from demote.window.policy import ClearToolResults
 from langchain_demote import DemotingChatMessageHistory, DemotingMiddleware
 from langchain_demote.messages import to_core
 from tests.agent_strategies import AgentScript, agent_policies, agent_scripts, events

@@ -16,7 +16,7 @@ from llama_index.core.llms import ChatMessage
 
 from demote import Demoter, SlidingWindow, SQLiteArchive
 from demote.errors import ConfigError
-from demote.tokens import approximate_tokens
+from demote.window.tokens import approximate_tokens
 from langchain_demote import DemotingChatMessageHistory, archive_retriever
 from llamaindex_demote import DemotingMemory
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from demote import PostgresArchive
-from tests.demote.hooks.pg import drop_archive
+from tests.demote.archive.pg import drop_archive
 from tests.hostile.harness import (
     BAD_COUNTS,
     BAD_IDS,

@@ -27,7 +27,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 from langgraph.checkpoint.memory import InMemorySaver
 
 from demote import CallbackHook, DemoteEvent, Demoter, Demotion, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from langchain_demote import DemotingChatMessageHistory, archive_retriever, with_demotion
 from langchain_demote.callbacks import EVENT_PREFIX, dispatch_events
 from langchain_demote.middleware import DemotingMiddleware

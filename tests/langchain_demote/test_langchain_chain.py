@@ -18,7 +18,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from demote import Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from langchain_demote import with_demotion
 from langchain_demote.messages import to_core
 from tests.conformance.contract import RecordingHook

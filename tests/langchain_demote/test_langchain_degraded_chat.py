@@ -31,7 +31,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 from langgraph.checkpoint.memory import InMemorySaver
 
 from demote import Demoter, Recorder, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.records import make_key
 from langchain_demote import DemotingChatMessageHistory, with_demotion
 from langchain_demote.messages import to_core

@@ -23,7 +23,7 @@ from demote import (
     Recalled,
     SlidingWindow,
 )
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from langchain_demote import (
     ArchiveRetriever,
     DemotingChatMessageHistory,

@@ -17,7 +17,7 @@ from langchain_core.messages import (
 
 from demote import Demoter, SlidingWindow, Window
 from demote.engine import render_summary
-from demote.planner import turn_groups
+from demote.window.planner import turn_groups
 from langchain_demote.messages import from_core, message_role, message_text, to_core
 
 DEMOTER = Demoter(SlidingWindow.last_messages(10))

@@ -27,11 +27,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
 from demote import Demoter, SlidingWindow
-from demote.clearing import placeholder_text
+from demote.archive.render import CUT_MARK, NO_CONVERSATION
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError
-from demote.hooks.archive import SQLiteArchive
-from demote.recall_render import CUT_MARK, NO_CONVERSATION
-from demote.tokens import approximate_tokens
+from demote.window.clearing import placeholder_text
+from demote.window.tokens import approximate_tokens
 from langchain_demote import recall_tool
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware, thread_conversation_id
@@ -95,8 +95,8 @@ def any_archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]
     if request.param == "sqlite":
         archive: Any = SQLiteArchive(tmp_path / "archive.db")
     else:
-        from demote.hooks.postgres_archive import PostgresArchive
-        from tests.demote.hooks.pg import drop_archive
+        from demote.archive.postgres import PostgresArchive
+        from tests.demote.archive.pg import drop_archive
 
         url = request.getfixturevalue("postgres_url")
         table = f"tools_{uuid.uuid4().hex[:12]}"

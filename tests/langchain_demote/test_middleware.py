@@ -35,8 +35,8 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from pydantic import Field
 
 from demote import Backoff, Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError, ConversationIdError
-from demote.hooks.archive import SQLiteArchive
 from demote.records import Demotion, Recalled, make_key
 from demote.state.memory import InMemoryStateStore
 from langchain_demote.messages import message_text, to_core

@@ -40,8 +40,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
 from demote import Demoter, Demotion, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
-from demote.policy import ClearToolResults
+from demote.archive.sqlite import SQLiteArchive
+from demote.window.policy import ClearToolResults
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware

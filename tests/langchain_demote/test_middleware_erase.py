@@ -14,8 +14,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from demote import Demoter, Demotion, SlidingWindow
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError
-from demote.hooks.archive import SQLiteArchive
 from langchain_demote import DemotingMiddleware
 from langchain_demote.middleware import thread_conversation_id
 

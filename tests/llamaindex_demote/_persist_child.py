@@ -15,7 +15,7 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
 
 from demote import CallbackHook, Demotion, FanOutHook, SlidingWindow, SQLiteStateStore
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from llamaindex_demote import DemotingMemory
 from tests.llamaindex_demote.support import FileChatStore
 

@@ -26,7 +26,7 @@ from llama_index.core.llms import MockLLM
 from pydantic import Field, PrivateAttr
 
 from demote import DemoteEvent, Demoter, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.instrumentation import (
     DemoteDeliveredEvent,

@@ -17,7 +17,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage
 
 from demote import Demoter, FanOutHook, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.messages import from_recalled, opened_calls
 from tests.conformance.contract import RecordingHook

@@ -30,7 +30,7 @@ from llama_index.core.storage.chat_store import SimpleChatStore
 from pydantic import Field, PrivateAttr
 
 from demote import Demoter, Recorder, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.records import make_key
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.instrumentation import DemoteDegradedEvent

@@ -13,8 +13,8 @@ from llama_index.core.llms.mock import MockLLMWithChatMemoryOfLastCall
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from demote import Bulk, Demoter, FanOutHook, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
-from demote.planner import turn_groups
+from demote.archive.sqlite import SQLiteArchive
+from demote.window.planner import turn_groups
 from llamaindex_demote import DemotingMemory
 from tests.conformance.contract import RecordingHook
 from tests.llamaindex_demote.support import to_pairs

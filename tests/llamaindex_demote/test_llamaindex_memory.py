@@ -19,7 +19,7 @@ from demote import (
     Recalled,
     SlidingWindow,
 )
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.records import fingerprint, make_key
 from llamaindex_demote import RECALL_PREFIX, DemotingMemory, from_core
 from tests.conformance.contract import RecordingHook

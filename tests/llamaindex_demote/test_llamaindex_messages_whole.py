@@ -19,10 +19,10 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.tools import ToolSelection
 
 from demote import Demoter, SlidingWindow
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ArgumentTypeError, ConfigError
-from demote.hooks.archive import SQLiteArchive
 from demote.records import MESSAGE_DATA_KEYS, Recalled
-from demote.tokens import MESSAGE_OVERHEAD
+from demote.window.tokens import MESSAGE_OVERHEAD
 from llamaindex_demote.messages import (
     from_data,
     from_recalled,

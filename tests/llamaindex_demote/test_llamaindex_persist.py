@@ -15,7 +15,7 @@ from llama_index.core.storage.chat_store import SimpleChatStore
 from pydantic_core import PydanticSerializationError
 
 from demote import CapturedTurn, ConfigError, Demoter, FanOutHook, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from demote.registry import AUTO_PREFIX, register, unregister
 from llamaindex_demote import DemotingMemory
 from tests.conformance._child import run_child as child

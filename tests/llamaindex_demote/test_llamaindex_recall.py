@@ -11,7 +11,7 @@ from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms.mock import MockLLMWithChatMemoryOfLastCall
 
 from demote import SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from llamaindex_demote import RECALL_PREFIX, DemotingMemory
 from tests.llamaindex_demote.support import to_pairs, tool_calling_llm
 

@@ -21,9 +21,9 @@ from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.tools import FunctionTool
 
 from demote import Demoter, SlidingWindow
+from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError, ConversationIdError
-from demote.hooks.archive import SQLiteArchive
-from demote.tokens import approximate_tokens
+from demote.window.tokens import approximate_tokens
 from llamaindex_demote import DemotingMemory, recall_tool
 from llamaindex_demote.messages import text_of, to_core
 

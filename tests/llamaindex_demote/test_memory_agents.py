@@ -29,8 +29,8 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
 from demote import Demoter, Demotion, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
-from demote.policy import ClearToolResults
+from demote.archive.sqlite import SQLiteArchive
+from demote.window.policy import ClearToolResults
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.messages import opened_calls, text_of
 from tests.agent_planner import steps_planner_landed, use_contract_planner

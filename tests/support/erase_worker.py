@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from demote import Demoter, Demotion, SlidingWindow
-from demote.hooks.archive import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive
 from tests.support.lease_worker import open_store
 
 SECRET = "quokka7741vault"

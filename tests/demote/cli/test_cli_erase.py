@@ -21,12 +21,12 @@ from demote import (
     Recorder,
     SlidingWindow,
     SQLiteStateStore,
-    _wal,
 )
+from demote.archive.sqlite import SQLiteArchive
+from demote.backends import wal as _wal
 from demote.capture import RetryPolicy, SQLiteOutbox
 from demote.cli.app import main
 from demote.cli.erase import file_kind
-from demote.hooks.archive import SQLiteArchive
 from tests.demote.capture.test_capture_erase import leaks
 from tests.demote.cli.test_cli import one_line_error, run
 from tests.strategies import Msg, describer

@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from demote.archive.postgres import PostgresArchive
 from demote.cli import main
-from demote.hooks.postgres_archive import PostgresArchive
+from tests.demote.archive.archive_contract import FILLER, batch
+from tests.demote.archive.pg import drop_archive
 from tests.demote.cli.test_cli import one_line_error, run
-from tests.demote.hooks.archive_contract import FILLER, batch
-from tests.demote.hooks.pg import drop_archive
 
 
 @pytest.fixture

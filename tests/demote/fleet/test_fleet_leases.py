@@ -4,7 +4,7 @@ Four or more processes (tests/support/engine_worker.py), each a real Demoter, lo
 same conversations on one shared state store (SQLite file, Redis, Postgres), half of them
 through ``load`` and half through ``aload``. The sink records every delivered key with its
 worker and fencing token and has no unique constraint, so a duplicate is visible. The same
-cases between two Demoters of one process are in tests/demote/test_engine_leases.py.
+cases between two Demoters of one process are in tests/demote/engine/test_engine_leases.py.
 """
 
 from __future__ import annotations

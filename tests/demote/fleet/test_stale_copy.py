@@ -1,6 +1,6 @@
 """A stale, shorter copy of a history, read by a worker that never saw the newer messages.
 
-Two Demoters on one store behave as two processes (as in tests/demote/test_engine_leases.py).
+Two Demoters on one store behave as two processes (as in tests/demote/engine/test_engine_leases.py).
 In a fleet a request can read the conversation's history just before another worker's
 request appends to it and commits a window start beyond its end (two turns with a
 two-message window are enough). The guarantees promise that "a stale, shorter copy read by a

@@ -1,0 +1,613 @@
+"""The long tail for a fleet: a PostgreSQL archive with the SQLite archive's recall.
+
+``PostgresArchive`` (extra ``demote[postgres]``) is :class:`~demote.archive.sqlite.SQLiteArchive`
+in PostgreSQL: the same hook (``deliver`` / ``adeliver``, idempotent on each message's
+dedup key, fenced against stale writers after an ``erase``), the same recall
+(``search`` / ``asearch`` with ``k`` and ``budget_tokens``, ``messages``, ``count``,
+``has_keys``) and the same options (``context=``, ``embeddings=``, the ranking weights),
+shared by every worker of a deployment. The ranking is the SQLite archive's, fed from SQL:
+full-text matches come from a ``tsvector`` column with a GIN index and are scored in the
+database with ``ts_rank_cd`` inside FTS5's BM25 formula, then re-scored by the same pure
+functions (:mod:`demote.archive._rank`): coverage, the lift of a reply to a matching
+question, the neighbours' text, the speaker a query names, fusion with the nearest vectors,
+``k`` and the token budget.
+
+Where the two can answer differently (everything else is the same):
+
+- **BM25's statistics.** FTS5 computes IDF and the average length over the whole file
+  (every conversation in it); this archive over the conversation searched. With one
+  conversation per archive the scores agree; with many, a conversation's ranking here
+  does not depend on the others' messages (:mod:`demote.archive._pg_statements`).
+- **Stemming.** Snowball's ``porter`` stemmer here, FTS5's own implementation of the same
+  Porter algorithm there; they agree on English words of three letters or more (FTS5
+  leaves shorter ones unstemmed: "us" stays "us" there, becomes "u" here, so the document
+  frequency of the stem "us" of "uses" differs).
+- **Precision.** ``ts_rank_cd`` returns a 4-byte float, so scores agree to about 1e-7 and
+  two hits that close may come in either order.
+- **Many matches.** When a search matches more than 1,000 messages, both archives score
+  only the newest 1,000: here by position in the conversation, there by order of
+  delivery (the same unless messages were delivered out of order).
+- **Text.** PostgreSQL text cannot hold NUL: a NUL in a message becomes U+FFFD, and a
+  conversation id with one is refused (as the state stores refuse it). Only the first
+  40,000 characters of a message's words are indexed (a ``tsvector`` holds at most 1 MB);
+  all of it is stored and returned.
+- **Erase.** Deleted rows leave PostgreSQL's pages when VACUUM reclaims them (autovacuum,
+  or ``VACUUM`` / ``VACUUM FULL`` by the operator); until then, and in WAL and backups,
+  their bytes remain, as with any PostgreSQL delete.
+
+For a fleet: connections are pooled (a ``psycopg_pool`` pool, one async pool per event
+loop), every operation has a client-side deadline and a server-side ``statement_timeout``,
+a connection whose server went away is replaced (``Pools`` of
+:mod:`demote.backends.postgres`), the schema
+is versioned and migrated under an advisory lock (:mod:`demote.archive._pg_schema`), writes
+to one conversation are serialised by a transaction-scoped advisory lock, conversation ids
+are only ever bound parameters, and every statement is scoped to one conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from demote._closing import Closing
+from demote.archive import _args, _options, _pg_flows, _pg_schema, _pg_search, _schema, _vectors
+from demote.archive._pg_flows import Flow, Row, aexecute, execute
+from demote.archive._pg_statements import Statements
+from demote.archive._pg_text import index_words
+from demote.archive._search import Reranker
+from demote.archive.embeddings import Embedder, as_embedder
+from demote.archive.sqlite import ContextFn, _embedded, _media_option
+from demote.backends.postgres import Pools, table_name
+from demote.engine._flow import drive_async, drive_sync
+from demote.errors import ArgumentTypeError, StoreError
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    Recalled,
+    data_by_reference,
+    searchable_text,
+    storable_text,
+)
+from demote.state._codec import storable_id
+from demote.window.tokens import Counter
+
+__all__ = ["PostgresArchive"]
+
+T = TypeVar("T")
+_LABEL = "postgres archive"
+
+
+@dataclass(frozen=True, slots=True)
+class _Db:
+    """An operation (:mod:`demote.engine._flow`): a database flow on a pooled connection."""
+
+    pools: Pools
+    flow: Flow[Any]
+    write: bool = False
+
+    def run_sync(self) -> Any:
+        return self.pools.run(lambda conn: execute(conn, self.flow, self.write), _LABEL)
+
+    async def run_async(self) -> Any:
+        return await self.pools.arun(lambda conn: aexecute(conn, self.flow, self.write), _LABEL)
+
+
+@dataclass(frozen=True, slots=True)
+class _Embed:
+    """An operation: the model embeds documents (in a thread when async), or a query."""
+
+    model: Embedder
+    documents: list[str] | None = None
+    query: str = ""
+
+    def run_sync(self) -> Any:
+        if self.documents is not None:
+            return self.model.embed_documents(self.documents)
+        return self.model.embed_query(self.query)
+
+    async def run_async(self) -> Any:
+        if self.documents is not None:
+            return await asyncio.to_thread(self.model.embed_documents, self.documents)
+        return await self.model.aembed_query(self.query)
+
+
+#: An operation's steps, run by :func:`demote.engine._flow.drive_sync` or ``drive_async``.
+_Steps = Generator[_Db | _Embed, Any, T]
+
+
+def _text(value: str) -> str:
+    """``value`` storable as PostgreSQL text: lone surrogates and NUL become U+FFFD."""
+    return storable_text(value).replace("\x00", "\ufffd")
+
+
+class PostgresArchive(Closing):
+    """A demotion hook that stores demoted messages in PostgreSQL and recalls them.
+
+    Thread-safe and shareable by every worker of a deployment (any number of processes
+    and hosts may open the same table). Each method has an async twin (``adeliver``,
+    ``asearch``, ...) that runs on psycopg's async pool, one per event loop.
+
+    Example::
+
+        archive = PostgresArchive("postgresql://app@db/app", context=speaker_and_date)
+        demoter = Demoter(policy, archive, state=PostgresStateStore("postgresql://app@db/app"))
+        hits = await archive.asearch("chat-1", "where did we go hiking?", k=5, budget_tokens=250)
+
+    The recall options are :class:`~demote.archive.sqlite.SQLiteArchive`'s (same names,
+    defaults and meaning; ``candidates`` is its ``pool``, a name this class gives the
+    connection pool), so the same options rank the same way; the module docstring says
+    where the two archives can differ.
+
+    Args:
+        dsn: A libpq connection string or URL (``postgresql://user@host:5432/db``); the
+            archive builds its pools from it. Give ``dsn`` or ``pool``.
+        pool: An existing ``psycopg_pool.ConnectionPool`` (not closed by :meth:`close`).
+        async_pool: An existing ``AsyncConnectionPool`` for the async twins (not closed by
+            :meth:`close`); without it, pools are built like the sync one.
+        table: The messages table (lowercase letters, digits, underscores; at most 41
+            characters); the archive's other tables, its text search configuration and
+            dictionary are named after it. Created or migrated when the archive opens.
+        context: Called with each delivered message; what it returns (see
+            :data:`~demote.archive.sqlite.ContextFn`) is indexed with the text.
+        context_weight: BM25 weight of the context relative to the text (1.0).
+        adjacent_weight: BM25 weight of the neighbouring messages' text; ``0`` leaves it
+            out of the search.
+        coverage: How much a message gains for containing more of the query's terms.
+        neighbours: Share of the preceding message's score added to a message's score.
+        speaker_weight: Favour of the messages of a speaker the query names.
+        candidates: How many BM25 candidates (and nearest vectors) are ranked per search.
+        after: How many messages that follow a hit come back with it, as one unit.
+        counter: Counts the tokens of a returned text for ``budget_tokens``.
+        embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
+            callable ``list[str] -> list[list[float]]``; needs numpy.
+        fusion: ``"weighted"`` or ``"rrf"``.
+        dense_weight: The dense ranking's share in weighted fusion, in ``[0, 1]``.
+        on_model_change: ``"refuse"`` or ``"reembed"`` when the table holds another
+            model's vectors.
+        vectors: How vectors are stored, chosen when the table is made: ``"auto"``
+            (pgvector's ``vector`` type when the ``vector`` extension is installed in
+            the database, else ``real[]``), ``"array"`` or ``"pgvector"``.
+        stop_words: Lowercased words dropped from queries (default:
+            :data:`demote.archive._fts.STOP_WORDS`).
+        time_weight: Favour of the messages dated within the time a query names.
+        decompose: Weight of a query's sub-queries (per named speaker or clause).
+        reranker: ``reranker(query, texts) -> scores`` over the best ``rerank_depth``
+            candidates, fused with weight ``rerank_weight``. These five are the SQLite
+            archive's options, ranked by the same code (its entity index is SQLite's
+            only).
+        rerank_depth: How many candidates the reranker sees.
+        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
+        read_only: Open an existing archive for reading only (what ``demote inspect``
+            and ``demote search`` do): nothing is created or migrated, the connections
+            refuse writes, and ``deliver``/``erase`` raise :class:`StoreError`.
+        timeout: Client-side deadline of one operation (waiting for a connection
+            included), in seconds.
+        connect_timeout: Seconds to establish a connection.
+        statement_timeout: Server-side limit of one statement, in seconds.
+        min_size: Connections each pool keeps open.
+        max_size: Connections each pool may open.
+        keepalives_idle: Seconds of idleness before TCP keepalive probes start.
+        application_name: Shown in ``pg_stat_activity``.
+        media: ``"reference"`` (the default) stores whole messages without their media
+            bytes (URLs, ids and sizes stay); ``"bytes"`` keeps base64 payloads, as
+            :class:`~demote.archive.sqlite.SQLiteArchive` does.
+
+    Raises:
+        ConfigError: An option is out of range, or the vector storage asked for cannot
+            be had.
+        StoreError: PostgreSQL cannot be reached, or the table is not a compatible
+            archive.
+        EmbeddingModelChanged: The table holds another model's vectors (``"refuse"``).
+        MissingExtraError: psycopg (``demote[postgres]``) or numpy (``embeddings=``) is
+            not installed.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: Any = None,
+        async_pool: Any = None,
+        table: str = "demote_archive",
+        context: ContextFn | None = None,
+        context_weight: float = 0.5,
+        adjacent_weight: float = 0.8,
+        coverage: float = 1.0,
+        neighbours: float = 0.7,
+        speaker_weight: float = 1.0,
+        candidates: int = 50,
+        after: int = 0,
+        counter: str | Counter = "approx",
+        embeddings: object | None = None,
+        fusion: Literal["weighted", "rrf"] = "weighted",
+        dense_weight: float = 0.2,
+        on_model_change: Literal["refuse", "reembed"] = "refuse",
+        vectors: Literal["auto", "array", "pgvector"] = "auto",
+        stop_words: Iterable[str] | None = None,
+        time_weight: float = 0.0,
+        decompose: float = 0.0,
+        reranker: Reranker | None = None,
+        rerank_depth: int = 20,
+        rerank_weight: float = 0.5,
+        read_only: bool = False,
+        timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        statement_timeout: float = 5.0,
+        min_size: int = 1,
+        max_size: int = 10,
+        keepalives_idle: int = 30,
+        application_name: str = "demote",
+        media: Literal["reference", "bytes"] = "reference",
+    ) -> None:
+        table = table_name(table, 41)
+        self._media = _media_option(media)
+        self._searcher = _options.searcher(
+            context_weight=context_weight,
+            adjacent_weight=adjacent_weight,
+            coverage=coverage,
+            neighbours=neighbours,
+            speaker_weight=speaker_weight,
+            pool=candidates,
+            after=after,
+            counter=counter,
+            fusion=fusion,
+            dense_weight=dense_weight,
+            on_model_change=on_model_change,
+            stop_words=stop_words,
+            pool_name="candidates",
+            time_weight=time_weight,
+            decompose=decompose,
+            reranker=reranker,
+            rerank_depth=rerank_depth,
+            rerank_weight=rerank_weight,
+        )
+        _pg_schema.check_option(vectors)
+        if context is not None and not callable(context):
+            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
+        self.table = table
+        self.read_only = read_only
+        self._context = context
+        self._embedder: Embedder | None = None
+        dims = None
+        if embeddings is not None:
+            self._embedder = as_embedder(embeddings)
+            _vectors.numpy()  # fail now, not at the first delivery
+            dims = len(self._embedder.embed_query("dimensions"))  # before any lock
+        self._matrices = _pg_search.Matrices()
+        self._st: Statements
+        cleared: list[bool] = []
+
+        def setup(conn: Any) -> None:
+            layout = _pg_schema.migrate(conn, table, vectors, read_only)
+            self._st = Statements(layout)
+            if self._embedder is not None:
+                cleared.append(self._check_model(conn, dims, on_model_change == "reembed"))
+
+        self._pools = Pools(
+            dsn,
+            pool=pool,
+            async_pool=async_pool,
+            name=f"demote-{table}",
+            setup=setup,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            min_size=min_size,
+            max_size=max_size,
+            keepalives_idle=keepalives_idle,
+            application_name=application_name,
+            read_only=read_only,
+        )
+        if any(cleared):
+            self.embed_pending()
+
+    def _check_model(self, conn: Any, dims: int | None, reembed: bool) -> bool:
+        """Compare the model with the stored vectors' (at open); clear them to re-embed."""
+        assert self._embedder is not None
+        settings = dict(conn.execute(self._st.settings).fetchall())
+        stored_dims = settings.get("embedding_dims")
+        changed = _vectors.compare_model(
+            settings.get("embedding_model"),
+            None if stored_dims is None else int(stored_dims),
+            self._embedder.name,
+            dims,
+            reembed and not self.read_only,
+        )
+        if changed:
+            with conn.transaction():
+                conn.execute(self._st.clear_vectors)
+        return changed
+
+    # -- drivers ------------------------------------------------------------------------
+
+    def _db(self, flow: Flow[T], write: bool = False) -> _Db:
+        return _Db(self._pools, flow, write)
+
+    def _model(self) -> Embedder:
+        assert self._embedder is not None
+        return self._embedder
+
+    def _writable(self, what: str) -> None:
+        if self.read_only:
+            raise StoreError(f"cannot {what}: the archive was opened read-only")
+
+    # -- the hook -----------------------------------------------------------------------
+
+    def _row(self, message: DemotedMessage) -> Row:
+        context, speaker = _options.describe(self._context, message)
+        data = message.data
+        if data is not None and self._media == "reference":
+            data = data_by_reference(data)
+        text, context = _text(searchable_text(message.text, data)), _text(context)
+        stored = _schema.stored_data(text, data)
+        return Row(
+            int(message.index),
+            _text(str(message.role)),
+            text,
+            context,
+            _text(speaker),
+            _text(str(message.key)),
+            index_words(text),
+            index_words(context),
+            None if stored is None else stored.replace("\x00", "\ufffd"),
+        )
+
+    def _deliver(self, batch: Demotion) -> _Steps[int]:
+        if not isinstance(batch, Demotion):
+            raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
+        self._writable("store a demotion")
+        cid = storable_id(batch.conversation_id)
+        fence = _args.fence(batch.fence)
+        rows = [self._row(m) for m in batch.messages]
+        if not rows:
+            return 0
+        vectors: dict[str, list[float]] = {}
+        if self._embedder is not None:
+            known = yield self._db(_pg_flows.has_keys(self._st, cid, [r.key for r in rows]))
+            new = list({r.key: r for r in rows if r.key not in known}.values())
+            if new:
+                texts = [_embedded(r.speaker, r.text) for r in new]
+                embedded = yield _Embed(self._model(), documents=texts)
+                vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
+        model = self._embedder.name if self._embedder is not None else ""
+        flow = _pg_flows.deliver(self._st, cid, rows, fence, vectors, model)
+        stored: int = yield self._db(flow, write=True)
+        return stored
+
+    def deliver(self, batch: Demotion) -> None:
+        """Store every message of ``batch`` in one transaction; known keys are skipped.
+
+        With ``embeddings=``, the messages not stored yet are embedded first (one batch
+        call), before the transaction.
+
+        Raises:
+            ConversationIdError: ``batch.conversation_id`` is empty, not a string, holds
+                NUL or is longer than 16 KiB (nothing is stored).
+            FencedOut: ``batch.fence`` is older than the conversation's last
+                :meth:`erase` (nothing is stored).
+            EmbeddingError: The model failed (nothing is stored).
+            EmbeddingModelChanged: The vectors' dimensions differ from the stored ones.
+            StoreError: PostgreSQL failed or timed out; nothing of the batch is stored.
+        """
+        drive_sync(self._deliver(batch))
+
+    async def adeliver(self, batch: Demotion) -> None:
+        """:meth:`deliver` on the async pool (the model's batch call in a thread)."""
+        await drive_async(self._deliver(batch))
+
+    def _embed_pending(self, batch_size: int) -> _Steps[int]:
+        self._writable("embed messages")
+        if self._embedder is None:
+            return 0
+        done = 0
+        while True:
+            rows = yield self._db(_pg_flows.unembedded(self._st, batch_size))
+            if not rows:
+                return done
+            texts = [_embedded(speaker, text) for _, text, speaker in rows]
+            embedded = yield _Embed(self._embedder, documents=texts)
+            pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
+            flow = _pg_flows.store_vectors(self._st, pairs, self._embedder.name)
+            yield self._db(flow, write=True)
+            done += len(rows)
+
+    def embed_pending(self, batch_size: int = 256) -> int:
+        """Embed the stored messages that have no vector yet; returns how many.
+
+        Messages archived before ``embeddings=`` was set have none; they are recalled by
+        text alone until this runs. Does nothing without ``embeddings=``.
+
+        Raises:
+            EmbeddingError: The model failed (what was embedded before stays).
+            StoreError: PostgreSQL failed, or the archive is read-only.
+        """
+        return drive_sync(self._embed_pending(batch_size))
+
+    async def aembed_pending(self, batch_size: int = 256) -> int:
+        """:meth:`embed_pending` on the async pool."""
+        return await drive_async(self._embed_pending(batch_size))
+
+    # -- recall -------------------------------------------------------------------------
+
+    def _search(
+        self, conversation_id: str, query: str, k: int, budget_tokens: int | None
+    ) -> _Steps[list[Recalled]]:
+        cid = storable_id(conversation_id)
+        dense = self._embedder is not None
+        request = self._searcher.request(cid, query, k, budget_tokens, dense)
+        if request is None:
+            return []
+        vector = (yield _Embed(self._model(), query=request.query)) if dense else None
+        flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
+        found: list[Recalled] = yield self._db(_pg_flows.with_data(self._st, cid, flow))
+        return found
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """The stored messages of ``conversation_id`` most relevant to ``query``.
+
+        The same arguments, answer and rules as
+        :meth:`SQLiteArchive.search <demote.archive.sqlite.SQLiteArchive.search>`: the query
+        is never interpreted as tsquery syntax; hits best first, each with its followers
+        when ``after > 0``, at most ``k`` of them and within ``budget_tokens``.
+
+        Raises:
+            ConversationIdError: The conversation id is unusable.
+            ConfigError: ``budget_tokens`` is negative or not an int.
+            EmbeddingError: The model failed to embed the query.
+            StoreError: PostgreSQL failed or timed out.
+        """
+        return drive_sync(self._search(conversation_id, query, k, budget_tokens))
+
+    async def asearch(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """:meth:`search` on the async pool; the query is embedded by the model's async method."""
+        return await drive_async(self._search(conversation_id, query, k, budget_tokens))
+
+    # -- reading and erasing ------------------------------------------------------------
+
+    def _read(self, flow: Flow[T]) -> _Steps[T]:
+        result: T = yield self._db(flow)
+        return result
+
+    def messages(self, conversation_id: str) -> list[Recalled]:
+        """Every stored message of ``conversation_id``, in index order (score ``0``)."""
+        flow = _pg_flows.messages(self._st, storable_id(conversation_id))
+        return drive_sync(self._read(flow))
+
+    async def amessages(self, conversation_id: str) -> list[Recalled]:
+        """:meth:`messages` on the async pool."""
+        flow = _pg_flows.messages(self._st, storable_id(conversation_id))
+        return await drive_async(self._read(flow))
+
+    def count(self, conversation_id: str | None = None) -> int:
+        """How many messages are stored: in ``conversation_id``, or in all conversations."""
+        cid = None if conversation_id is None else storable_id(conversation_id)
+        return drive_sync(self._read(_pg_flows.count(self._st, cid)))
+
+    async def acount(self, conversation_id: str | None = None) -> int:
+        """:meth:`count` on the async pool."""
+        cid = None if conversation_id is None else storable_id(conversation_id)
+        return await drive_async(self._read(_pg_flows.count(self._st, cid)))
+
+    def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` are stored for ``conversation_id``.
+
+        The engine asks after a history rewrite, to skip what is archived already.
+        """
+        return drive_sync(self._read(self._has_keys(conversation_id, keys)))
+
+    async def ahas_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
+        """:meth:`has_keys` on the async pool."""
+        return await drive_async(self._read(self._has_keys(conversation_id, keys)))
+
+    def _has_keys(self, conversation_id: str, keys: Iterable[str]) -> Flow[set[str]]:
+        wanted = _args.keys(keys)
+        return _pg_flows.has_keys(self._st, storable_id(conversation_id), wanted)
+
+    def conversations(self) -> list[str]:
+        """The ids of every conversation with stored messages, sorted by code point."""
+        return drive_sync(self._read(_pg_flows.conversations(self._st)))
+
+    async def aconversations(self) -> list[str]:
+        """:meth:`conversations` on the async pool."""
+        return await drive_async(self._read(_pg_flows.conversations(self._st)))
+
+    def _erase(self, conversation_id: str, fence: int | None) -> _Steps[int]:
+        self._writable("erase a conversation")
+        flow = _pg_flows.erase(self._st, storable_id(conversation_id), _args.fence(fence))
+        removed: int = yield self._db(flow, write=True)
+        return removed
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Delete every stored message of ``conversation_id``, its vectors and statistics.
+
+        The tier protocol of :mod:`demote.erase`. With ``fence``, later batches of the
+        conversation carrying an older fencing token are refused
+        (:class:`~demote.errors.FencedOut`): a worker whose delivery was in flight when
+        the erase took the conversation over cannot write it back. The rows are deleted
+        in one transaction; their bytes leave PostgreSQL's pages when VACUUM reclaims
+        them.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token.
+            keys: Unused (messages are found by conversation); part of the protocol.
+
+        Returns:
+            How many messages were deleted.
+
+        Raises:
+            ConversationIdError: The conversation id is unusable.
+            StoreError: PostgreSQL failed, or the archive is read-only.
+        """
+        return drive_sync(self._erase(conversation_id, fence))
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """:meth:`erase` on the async pool."""
+        return await drive_async(self._erase(conversation_id, fence))
+
+    def delete(self, conversation_id: str) -> int:
+        """:meth:`erase` without a fence (``SQLiteArchive.delete``); returns how many."""
+        return self.erase(conversation_id)
+
+    def close(self) -> None:
+        """Close the pools this archive made (idempotent); later calls raise StoreError."""
+        self._pools.close()
+        self._matrices.clear()
+
+    async def aclose(self) -> None:
+        """Close this loop's async pool, then everything :meth:`close` closes."""
+        await self._pools.aclose()
+        self._matrices.clear()
+
+    # -- fetching one message by key (the recall tool) ----------------------------------
+
+    def _fetch(self, conversation_id: str, key: str) -> _Steps[Recalled | None]:
+        from demote.archive._pg_flows import Stmt
+        from demote.archive._search import scope
+        from demote.archive.render import recalled_from_columns
+
+        cid = storable_id(conversation_id)
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        # The row as JSON: the columns this version of the table has, by name (a newer
+        # schema's whole-message column included), without the index's own columns.
+        sql = (
+            f"SELECT to_jsonb(m) - 'tsv' - 'context' FROM {self.table} m "
+            "WHERE m.scope = %(scope)s AND m.conversation_id = %(cid)s AND m.key = %(key)s "
+            "ORDER BY m.id DESC LIMIT 1"
+        )
+
+        def flow() -> Flow[list[Any]]:
+            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _text(key)})
+            return [row[0] for row in rows]
+
+        found: list[Any] = yield self._db(flow())
+        return recalled_from_columns(found[0]) if found else None
+
+    def fetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """The stored message of ``conversation_id`` under ``key``, or ``None``.
+
+        :meth:`SQLiteArchive.fetch <demote.archive.sqlite.SQLiteArchive.fetch>` in
+        PostgreSQL: scoped to the conversation (another conversation's key is not found),
+        the whole message in ``data`` when the row holds it.
+
+        Raises:
+            ConversationIdError: The conversation id is unusable.
+            ArgumentTypeError: ``key`` is not a ``str``.
+            StoreError: PostgreSQL failed or timed out.
+        """
+        return drive_sync(self._fetch(conversation_id, key))
+
+    async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """:meth:`fetch` on the async pool."""
+        return await drive_async(self._fetch(conversation_id, key))

@@ -1,0 +1,730 @@
+"""The embedded default long-tail store: a SQLite file with full-text and dense recall.
+
+The schema and its migrations are in :mod:`demote.archive._schema`. ``messages_fts`` is an
+external-content FTS5 index over ``messages``, kept in step by triggers, so the text is
+stored once. ``scope`` is a hex digest of the conversation id, indexed as one token: a
+search matches ``scope`` *and* the query, so FTS5 itself narrows the posting lists to one
+conversation, and the join on ``conversation_id`` keeps that strict. Conversation ids only
+travel as bound parameters. ``context`` is an optional per-message string (a speaker, a
+date) from the ``context`` callable; it is indexed with its own weight but never
+returned. ``adjacent`` indexes the text of the messages just before and after each one,
+with a small weight. ``conversations`` and ``terms`` hold each conversation's message
+count and, per index token, how many of its messages contain it (in the text; in the text
+or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction, so a
+search reads statistics instead of counting.
+
+Recall (:mod:`demote.archive._search` explains it): FTS5 BM25 candidates, re-scored by how
+much of the query they cover and lifted by a matching question before them, fused with the
+nearest vectors when the archive has an embedding model (:mod:`demote.archive._vectors`),
+favouring a speaker the query names, cut to ``k`` hits and a token budget. The scoring is
+pure (:mod:`demote.archive._rank`), so other stores can give the same answers.
+
+Erase (:meth:`SQLiteArchive.erase`, :mod:`demote.archive._erasure` explains it): the
+conversation's rows, full-text entries, term statistics and vectors are deleted with
+``secure_delete`` on, the full-text index is merged so no segment keeps its tokens, and
+the WAL is truncated; its fencing token is remembered (by a hash of the id) so a stale
+worker's late batch is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Literal, NamedTuple
+
+from demote._closing import Closing
+from demote._validate import file_path, seconds
+from demote.archive import (
+    _args,
+    _entities,
+    _erasure,
+    _fts,
+    _lexical,
+    _options,
+    _schema,
+    _search,
+    _vectors,
+)
+from demote.archive._search import Reranker
+from demote.archive.embeddings import Embedder, as_embedder
+from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
+from demote.backends.wal import truncate_wal
+from demote.errors import ArgumentTypeError, ConfigError, StoreError
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    Recalled,
+    data_by_reference,
+    searchable_text,
+    storable_text,
+)
+from demote.state.base import validate_conversation_id
+from demote.window.tokens import Counter
+
+__all__ = ["ContextFn", "SQLiteArchive"]
+
+#: Gives the context indexed with a message: a string (a speaker and a date, say), a
+#: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
+#: that is embedded), or ``None`` for none.
+ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
+
+
+#: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
+#: belongs to another program and is refused.
+_OWN_TABLES = (
+    "messages",
+    "conversations",
+    "terms",
+    "speakers",
+    "vectors",
+    "settings",
+    "erased",
+    "entities",
+    "entity_state",
+)
+
+
+class _Row(NamedTuple):
+    conversation_id: str
+    idx: int
+    role: str
+    text: str
+    context: str
+    key: str
+    scope: str
+    speaker: str
+    data: str | None
+    archived_at: float
+
+
+def _media_option(media: object) -> Literal["reference", "bytes"]:
+    if media not in ("reference", "bytes"):
+        raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
+    return "bytes" if media == "bytes" else "reference"
+
+
+def _with_data(
+    db: sqlite3.Connection, conversation_id: str, found: list[Recalled]
+) -> list[Recalled]:
+    """``found`` with each message's whole form and archive time read from its row."""
+    if not found:
+        return found
+    keys = list({r.key for r in found})
+    rows: dict[str, tuple[str | None, float | None]] = {}
+    for start in range(0, len(keys), 500):
+        chunk = keys[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for key, data, at in db.execute(
+            f"SELECT key, data, archived_at FROM messages WHERE conversation_id = ? "
+            f"AND key IN ({marks})",
+            (conversation_id, *chunk),
+        ):
+            rows[key] = (data, at)
+    out = []
+    for r in found:
+        data, at = rows.get(r.key, (None, None))
+        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
+    return out
+
+
+def _embedded(speaker: str, text: str) -> str:
+    return f"{speaker}: {text}" if speaker else text
+
+
+class SQLiteArchive(Closing):
+    """A demotion hook that stores demoted messages in SQLite and recalls them.
+
+    Thread-safe: one connection (WAL mode, ``busy_timeout``) behind a lock, so several
+    threads may deliver and search at once; other processes may open the same file.
+
+    Example::
+
+        with SQLiteArchive("archive.db") as archive:
+            archive.deliver(batch)
+            hits = archive.search("chat-1", "where did we go hiking?", k=5, budget_tokens=250)
+
+    With ``embeddings=`` every delivered message is embedded once, in one batch per
+    delivery, inside :meth:`deliver`: wrap the archive in a ``Recorder`` to keep the model
+    call off the request path. Each search embeds its query (one call).
+
+    Args:
+        path: The database file (created if missing; its directory must exist), or
+            ``":memory:"``.
+        context: Called with each delivered message; what it returns (a speaker name, a
+            date, a title; see :data:`ContextFn`) is indexed alongside the text and
+            searched with weight ``context_weight``. ``None`` (the default) indexes the
+            text only.
+        context_weight: BM25 weight of the context column relative to the text (1.0).
+        adjacent_weight: BM25 weight of the neighbouring messages' text, indexed with
+            each message; ``0`` leaves it out of the search.
+        coverage: How much a message gains for containing more of the query's distinct
+            terms (IDF-weighted); ``0`` ranks by plain BM25.
+        neighbours: Share of the preceding message's score added to a message's score
+            (doubled when the preceding message asks a question; half as much comes from
+            the following message); ``0`` scores each message alone.
+        speaker_weight: When a query names a speaker of the conversation (a context
+            mapping's ``"speaker"``), that speaker's messages score ``1 + speaker_weight``
+            times as much; ``0`` turns it off.
+        pool: How many BM25 candidates (and nearest vectors) are ranked per search (at
+            least ``k``).
+        after: How many of the messages that follow a hit come back with it, as one
+            unit (a question's answer is often the turn after the one that matched).
+        counter: Counts the tokens of a returned text for ``budget_tokens``: a counter
+            name (``"approx"``, the default: characters / 4, rounded up; ``"tiktoken"``)
+            or any ``str -> int`` callable. Only the text counts, not the role.
+        embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
+            callable ``list[str] -> list[list[float]]`` (see
+            :func:`demote.archive.embeddings.as_embedder`); ``None`` (the default) recalls by
+            text alone. Needs numpy (``demote[embeddings]``).
+        fusion: How the lexical and the dense rankings are combined: ``"weighted"`` (a
+            weighted sum of min-max-normalised scores) or ``"rrf"`` (reciprocal rank).
+        dense_weight: The dense ranking's share in ``"weighted"`` fusion, in ``[0, 1]``.
+        on_model_change: When the file holds vectors of another model (name or
+            dimensions): ``"refuse"`` raises :class:`~demote.errors.EmbeddingModelChanged`
+            at open; ``"reembed"`` deletes them and embeds every stored message again, at
+            open.
+        stop_words: Lowercased words dropped from queries; ``None`` (the default) uses
+            :data:`demote.archive._fts.STOP_WORDS`, 189 common English function words
+            and question words.
+        timeout: Seconds to wait for a lock held by another connection.
+        entities: Keep the entity index (:mod:`demote.archive._entities`): the names each
+            message uses, its he/she pronouns resolved to the last name used before
+            them, built when messages are archived (a file archived without it gains it
+            when opened). A question naming one of them lifts the messages linked to it
+            by ``1 + entity_weight``, and a name linked to few messages lets them in even
+            when they share no word with the question.
+        entity_weight: The lift of the entity index (used with ``entities=True``).
+        time_weight: When a question names a time ("in June", "last summer", "on 3 June,
+            2023"), the messages whose context date falls in it score ``1 +
+            time_weight`` times as much (:mod:`demote.archive._time`); ``0`` turns it off.
+        decompose: Weight of the sub-queries of a question that names two speakers or
+            joins two asks (:mod:`demote.archive._decompose`), merged with the whole
+            query's ranking; ``0`` (off) to ``1``.
+        reranker: ``reranker(query, texts) -> scores`` (a cross-encoder, any callable):
+            the best ``rerank_depth`` candidates are re-scored by it and fused with
+            weight ``rerank_weight``; it runs on the search path, once per search.
+        rerank_depth: How many candidates the reranker sees.
+        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
+        media: How the whole messages' media are stored: ``"reference"`` (the default)
+            keeps URLs, file ids, types and sizes and drops base64 bytes
+            (:func:`demote.records.data_by_reference`); ``"bytes"`` keeps them, so the
+            messages come back exactly as they were.
+        read_only: Open an existing archive without ever writing it (``demote search``,
+            ``demote inspect``): a file of an older schema is refused instead of migrated,
+            and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
+            :class:`~demote.errors.StoreError`.
+
+    Raises:
+        StoreError: The file cannot be opened, is not a compatible archive, or belongs to
+            another component or program (a state store, an outbox: it is left as it was).
+        ConfigError: An option is out of range or of the wrong type
+            (:class:`~demote.errors.ArgumentTypeError`); the message names it.
+        EmbeddingModelChanged: The file holds another model's vectors (``"refuse"``).
+        EmbeddingError: The model failed while the archive checked or re-embedded.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        context: ContextFn | None = None,
+        context_weight: float = 0.5,
+        adjacent_weight: float = 0.8,
+        coverage: float = 1.0,
+        neighbours: float = 0.7,
+        speaker_weight: float = 1.0,
+        pool: int = 50,
+        after: int = 0,
+        counter: str | Counter = "approx",
+        embeddings: object | None = None,
+        fusion: Literal["weighted", "rrf"] = "weighted",
+        dense_weight: float = 0.2,
+        on_model_change: Literal["refuse", "reembed"] = "refuse",
+        stop_words: Iterable[str] | None = None,
+        timeout: float = 5.0,
+        read_only: bool = False,
+        entities: bool = False,
+        entity_weight: float = 1.0,
+        time_weight: float = 0.0,
+        decompose: float = 0.0,
+        reranker: Reranker | None = None,
+        rerank_depth: int = 20,
+        rerank_weight: float = 0.5,
+        media: Literal["reference", "bytes"] = "reference",
+    ) -> None:
+        target = file_path("path", path)
+        self._media = _media_option(media)
+        timeout = seconds("timeout", timeout)
+        if context is not None and not callable(context):
+            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
+        self._searcher = _options.searcher(
+            context_weight=context_weight,
+            adjacent_weight=adjacent_weight,
+            coverage=coverage,
+            neighbours=neighbours,
+            speaker_weight=speaker_weight,
+            pool=pool,
+            after=after,
+            counter=counter,
+            fusion=fusion,
+            dense_weight=dense_weight,
+            on_model_change=on_model_change,
+            stop_words=stop_words,
+            entity_weight=entity_weight if entities else 0.0,
+            time_weight=time_weight,
+            decompose=decompose,
+            reranker=reranker,
+            rerank_depth=rerank_depth,
+            rerank_weight=rerank_weight,
+        )
+        if not isinstance(entities, bool):
+            raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
+        self._entities = entities
+        self._context = context
+        self._embedder: Embedder | None = None
+        if embeddings is not None:
+            self._embedder = as_embedder(embeddings)
+            _vectors.numpy()  # fail now, not at the first delivery
+        # The model's dimension probe: before the file is opened (a failing model leaves no
+        # file behind) and outside any lock.
+        dims = len(self._embedder.embed_query("dimensions")) if self._embedder else None
+        self._lock = threading.RLock()
+        self._closed = False
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
+        self._read_only = read_only
+        try:
+            self._db = connect(target, timeout, read_only=read_only)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
+        try:
+            self._setup(target, timeout, on_model_change == "reembed", dims)
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise StoreError(f"cannot use archive {target!r}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _setup(self, path: str, timeout: float, reembed: bool, dims: int | None) -> None:
+        db = self._db
+        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
+        if self._read_only:
+            _schema.check_current(db, path, mine)
+            _fts.create_scratch(db)  # in the temp schema, which a read-only file still has
+            return
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
+        _fts.create_scratch(db)
+        embedder = self._embedder
+        db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
+        try:
+            if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
+                claim_kind(db, ARCHIVE)
+            _schema.create_or_migrate(db)
+            if self._entities and _entities.create(db):
+                _entities.rebuild(db)  # a file archived without the index gains it now
+            cleared = False
+            if embedder is not None:
+                cleared = _vectors.check_model(db, embedder.name, dims, reembed)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if cleared:
+            self.embed_pending()
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and translate backend errors into :class:`StoreError`."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"cannot {what}: the archive is closed")
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot {what}: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        if self._read_only:
+            raise StoreError(f"cannot {what}: the archive is open read-only")
+        with self._locked(what) as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    # -- the hook -----------------------------------------------------------------------
+
+    def _row(self, conversation_id: str, scope: str, message: DemotedMessage) -> _Row:
+        context = self._context(message) if self._context is not None else None
+        speaker = ""
+        if isinstance(context, Mapping):
+            speaker = str(context.get("speaker") or "")
+            context = " ".join(str(v) for v in context.values() if v)
+        data = message.data
+        if data is not None and self._media == "reference":
+            data = data_by_reference(data)
+        text = storable_text(searchable_text(message.text, data))
+        return _Row(
+            conversation_id,
+            int(message.index),
+            str(message.role),
+            text,
+            storable_text(context or ""),
+            str(message.key),
+            scope,
+            storable_text(speaker),
+            _schema.stored_data(text, data),
+            time.time(),
+        )
+
+    def deliver(self, batch: Demotion) -> None:
+        """Store every message of ``batch`` in one transaction; known keys are skipped.
+
+        With ``embeddings=``, the messages not stored yet are embedded first (one batch
+        call), outside the archive's lock.
+
+        Args:
+            batch: Messages demoted from one conversation.
+
+        Raises:
+            ConversationIdError: ``batch.conversation_id`` is empty or not a string
+                (nothing is stored).
+            EmbeddingError: The model failed (nothing is stored).
+            EmbeddingModelChanged: The model's vectors no longer have the stored
+                dimensions (nothing is stored).
+            FencedOut: ``batch.fence`` is older than the conversation's last erase (a
+                worker whose lease the erase revoked); nothing is stored.
+            StoreError: SQLite failed; nothing of the batch is stored.
+        """
+        if not isinstance(batch, Demotion):
+            raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
+        conversation_id = validate_conversation_id(batch.conversation_id)
+        fence = _args.fence(batch.fence)
+        scope = _search.scope(conversation_id)
+        rows = [self._row(conversation_id, scope, m) for m in batch.messages]
+        if not rows:
+            return
+        vectors: dict[str, bytes] = {}
+        dims = 0
+        if self._embedder is not None:
+            known = self.has_keys(conversation_id, (r.key for r in rows))
+            new = list({r.key: r for r in rows if r.key not in known}.values())
+            embedded = self._embedder.embed_documents([_embedded(r.speaker, r.text) for r in new])
+            if embedded:
+                packed = _vectors.pack(embedded)
+                vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
+                dims = len(embedded[0])
+        with self._transaction("store a demotion") as db:
+            _erasure.check_fence(db, conversation_id, fence)
+            insert = (
+                "INSERT OR IGNORE INTO messages (conversation_id, idx, role, text, context, "
+                "key, scope, speaker, data, archived_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            )
+            stored: list[_Row] = []
+            for r in rows:
+                cursor = db.execute(insert, r)
+                if cursor.rowcount > 0:
+                    stored.append(r)
+                    if r.key in vectors:
+                        db.execute(
+                            "INSERT INTO vectors (message, conversation_id, idx, vector) "
+                            "VALUES (?, ?, ?, ?)",
+                            (cursor.lastrowid, conversation_id, r.idx, vectors[r.key]),
+                        )
+            if vectors:
+                self._store_model(db, dims)
+            _lexical.add_terms(db, conversation_id, [(r.text, r.context) for r in stored])
+            db.executemany(
+                "INSERT OR IGNORE INTO speakers (conversation_id, speaker) VALUES (?, ?)",
+                {(conversation_id, r.speaker) for r in stored if r.speaker},
+            )
+            _schema.refresh_adjacent(
+                db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
+            )
+            if self._entities:
+                _entities.index(
+                    db,
+                    conversation_id,
+                    [(r.idx, r.text) for r in stored],
+                    _lexical.speakers(db, conversation_id),
+                )
+
+    def _store_model(self, db: sqlite3.Connection, dims: int) -> None:
+        """Refuse vectors of other dimensions than the stored ones; record the model."""
+        name = self._embedder.name if self._embedder is not None else ""
+        _vectors.check_model(db, name, dims, reembed=False)
+        _vectors.record_model(db, name, dims)
+
+    def embed_pending(self, batch_size: int = 256) -> int:
+        """Embed the stored messages that have no vector yet; returns how many.
+
+        Messages archived before ``embeddings=`` was configured (or in a file migrated
+        from an older version) have none; they are recalled by text alone until this
+        runs. Does nothing without ``embeddings=``.
+
+        Raises:
+            EmbeddingError: The model failed (what was embedded before stays).
+            StoreError: SQLite failed.
+        """
+        embedder = self._embedder
+        if embedder is None:
+            return 0
+        done = 0
+        while True:
+            with self._locked("read messages to embed") as db:
+                rows = db.execute(
+                    "SELECT m.id, m.conversation_id, m.idx, m.text, m.speaker FROM messages AS m "
+                    "WHERE NOT EXISTS (SELECT 1 FROM vectors AS v WHERE v.message = m.id) "
+                    "ORDER BY m.id LIMIT ?",
+                    (batch_size,),
+                ).fetchall()
+            if not rows:
+                return done
+            embedded = embedder.embed_documents([_embedded(r[4], r[3]) for r in rows])
+            packed = _vectors.pack(embedded)
+            with self._transaction("store vectors") as db:
+                db.executemany(
+                    "INSERT OR IGNORE INTO vectors (message, conversation_id, idx, vector) "
+                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",
+                    [(r[0], r[1], r[2], blob, r[0]) for r, blob in zip(rows, packed, strict=True)],
+                )
+                self._store_model(db, len(embedded[0]))
+            done += len(rows)
+
+    # -- recall -------------------------------------------------------------------------
+
+    def search(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """The stored messages of ``conversation_id`` most relevant to ``query``.
+
+        Args:
+            conversation_id: The conversation to search; no other is ever read.
+            query: Free text; it is never interpreted as FTS5 syntax.
+            k: How many hits to return at most (with ``after > 0`` each hit comes with
+                the messages that follow it, so more messages than ``k`` may come back).
+            budget_tokens: Most tokens the returned texts may cost together, counted
+                by the archive's ``counter`` (``None``: no limit). Hits are taken best
+                first; one that does not fit is left out and a later, shorter one may
+                take its place.
+
+        Returns:
+            Best first (a hit's followers right after it, in conversation order); empty
+            when the query has no searchable terms (and there are no embeddings) or
+            nothing matches.
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            ArgumentTypeError: ``query`` is not a ``str``.
+            ConfigError: ``k`` or ``budget_tokens`` is not an int in range.
+            EmbeddingError: The model failed to embed the query.
+            StoreError: SQLite failed.
+        """
+        embedder = self._embedder
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        vector = embedder.embed_query(request.query) if embedder is not None else None
+        return self._lookup(request, vector)
+
+    async def asearch(
+        self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
+    ) -> list[Recalled]:
+        """:meth:`search` for async callers: the same arguments, answer and errors.
+
+        The query is embedded with the model's async method; the SQLite work runs in a
+        worker thread.
+        """
+        request = self._request(conversation_id, query, k, budget_tokens)
+        if request is None:
+            return []
+        embedder = self._embedder
+        vector = await embedder.aembed_query(request.query) if embedder is not None else None
+        return await asyncio.to_thread(self._lookup, request, vector)
+
+    def _request(
+        self, conversation_id: str, query: str, k: int, budget_tokens: int | None
+    ) -> _search.Request | None:
+        conversation_id = validate_conversation_id(conversation_id)
+        dense = self._embedder is not None
+        return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
+
+    def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
+        with self._locked("search the archive") as db:
+            db.execute("BEGIN")  # one snapshot; the scratch table is written in it
+            try:
+                found = self._searcher.lookup(db, request, vector)
+                found = _with_data(db, request.conversation_id, found)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return found
+
+    # -- reading and housekeeping -------------------------------------------------------
+
+    def messages(self, conversation_id: str) -> list[Recalled]:
+        """Every stored message of ``conversation_id``, in index order (score ``0``).
+
+        Each carries its whole form (``data``, ``None`` for a row archived before whole
+        messages were) and when it was archived (``at``).
+        """
+        conversation_id = validate_conversation_id(conversation_id)
+        with self._locked("read the archive") as db:
+            rows = db.execute(
+                "SELECT idx, role, text, key, data, archived_at FROM messages "
+                "WHERE conversation_id = ? ORDER BY idx, id",
+                (conversation_id,),
+            ).fetchall()
+        return [
+            Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
+            for idx, role, text, key, data, at in rows
+        ]
+
+    def count(self, conversation_id: str | None = None) -> int:
+        """How many messages are stored: in ``conversation_id``, or in all conversations."""
+        with self._locked("count archived messages") as db:
+            if conversation_id is None:
+                row = db.execute("SELECT count(*) FROM messages").fetchone()
+            else:
+                row = db.execute(
+                    "SELECT count(*) FROM messages WHERE conversation_id = ?",
+                    (validate_conversation_id(conversation_id),),
+                ).fetchone()
+        return int(row[0])
+
+    def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` are stored for ``conversation_id``.
+
+        The engine asks this after a history rewrite, to skip messages already archived.
+        """
+        conversation_id = validate_conversation_id(conversation_id)
+        wanted = _args.keys(keys)
+        found: set[str] = set()
+        with self._locked("look up archived keys") as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    key
+                    for (key,) in db.execute(
+                        f"SELECT key FROM messages WHERE conversation_id = ? AND key IN ({marks})",
+                        (conversation_id, *chunk),
+                    )
+                )
+        return found
+
+    def conversations(self) -> list[str]:
+        """The ids of every conversation with stored messages, sorted."""
+        with self._locked("list archived conversations") as db:
+            rows = db.execute(
+                "SELECT DISTINCT conversation_id FROM messages ORDER BY conversation_id"
+            ).fetchall()
+        return [conversation_id for (conversation_id,) in rows]
+
+    def erase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """Delete every stored message of ``conversation_id``, bytes included.
+
+        Its rows, full-text entries, term statistics, speakers and vectors go, with
+        ``secure_delete`` on; the full-text index is merged so that no old segment keeps
+        its words, and the WAL is checkpointed and truncated, so the text survives
+        neither in the file nor in the WAL (see :mod:`demote.archive._erasure`).
+        :meth:`demote.Demoter.erase` calls this for an archive behind its hook.
+
+        Args:
+            conversation_id: The conversation.
+            fence: The erase's fencing token: a later batch of the conversation carrying
+                an older one is refused (:class:`~demote.errors.FencedOut`).
+            keys: Unused (rows are found by conversation); part of the tier protocol.
+
+        Returns:
+            How many messages were deleted.
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            StoreError: SQLite failed (nothing was deleted), or the WAL stayed busy (another
+                connection reading): the rows are deleted but their bytes may remain in
+                the WAL until the next checkpoint; erase again to retry.
+        """
+        conversation_id = validate_conversation_id(conversation_id)
+        fence = _args.fence(fence)
+        with self._transaction("erase a conversation") as db:
+            removed = _erasure.erase_rows(db, conversation_id, fence)
+        self._searcher.vectors.forget(conversation_id)
+        with self._locked("truncate the WAL after an erase") as db:
+            truncate_wal(db)
+        return removed
+
+    async def aerase(
+        self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
+    ) -> int:
+        """:meth:`erase` for async callers (the SQLite work runs in a worker thread)."""
+        return await asyncio.to_thread(self.erase, conversation_id, fence=fence, keys=keys)
+
+    def delete(self, conversation_id: str) -> int:
+        """Remove every stored message of ``conversation_id``; returns how many.
+
+        The same as :meth:`erase` without a fencing token.
+        """
+        return self.erase(conversation_id)
+
+    def close(self) -> None:
+        """Close the connection; further calls raise :class:`StoreError`. Idempotent."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+    # -- fetching one message by key (the recall tool) ----------------------------------
+
+    def fetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """The stored message of ``conversation_id`` under ``key``, or ``None``.
+
+        What an agent's recall tool reads when the model asks for a cleared tool result
+        by the key its placeholder names (:func:`demote.window.clearing.placeholder_text`). Only
+        ``conversation_id``'s messages are looked at: another conversation's key is not
+        found. The whole message comes back in :attr:`Recalled.data <demote.records.Recalled>`
+        when the row holds it (rows archived text-only give ``data=None``).
+
+        Raises:
+            ConversationIdError: The conversation id is empty or not a string.
+            ArgumentTypeError: ``key`` is not a ``str``.
+            StoreError: SQLite failed.
+        """
+        from demote.archive.render import recalled_from_columns
+
+        conversation_id = validate_conversation_id(conversation_id)
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
+        with self._locked("fetch an archived message") as db:
+            cursor = db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? AND key = ? "
+                "ORDER BY id DESC LIMIT 1",
+                (conversation_id, storable_text(key)),
+            )
+            row = cursor.fetchone()
+            names = [column[0] for column in cursor.description]
+        return None if row is None else recalled_from_columns(dict(zip(names, row, strict=True)))
+
+    async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """:meth:`fetch` for async callers (the SQLite work runs in a worker thread)."""
+        return await asyncio.to_thread(self.fetch, conversation_id, key)

@@ -1,0 +1,596 @@
+"""Steps 3 and 4 of a load: the gate and lease, delivery in batches, the fenced commit.
+
+This is the part of :class:`~demote.engine.Demoter` that talks to the hook and commits;
+it lives here so the engine module stays readable. Everything is a generator of the
+operations in :mod:`demote.engine._flow`, shared by the sync and async drivers.
+
+A *hold* is a conversation's in-process gate, and its store lease once taken. Only its
+owner delivers and commits. A load waits for the hook at most ``hook_wait`` (and never
+past ``hook_timeout``). A call that outlives that wait is *detached*: the load commits the
+window move (the watermark stays before the batch) and returns, and a background flow (a
+thread for sync loads, a task for async ones) takes the hold over, gate and lease (renewed
+by the keeper), until the call ends. A success then commits the batch's watermark with the
+same fenced compare-and-set, if the watermark still stands where the call began, so the
+messages are not handed over again; a failure (or ``hook_timeout`` running out) leaves
+them pending with backoff. A sync call interrupted by a cancelled async load is adopted
+the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from demote.backends.breaker import Breaker, is_outage
+from demote.engine._flow import Deliver, Flow, HasKeys, Outcome, Running, Spawn, drive_async
+from demote.engine._flow import store_call as _op
+from demote.engine._runner import HookRunner, LeaseKeeper
+from demote.engine._views import View, ViewCache
+from demote.engine.retry import RetryTracker
+from demote.errors import HookTimeout, StoreUnavailable
+from demote.events import DemoteEvent, Observers
+from demote.records import (
+    ConversationState,
+    DemotedMessage,
+    Demotion,
+    MessageRecord,
+    make_key,
+    text_data,
+)
+from demote.state.base import Lease, StateStore
+from demote.window.planner import Plan
+
+logger = logging.getLogger("demote")
+
+FRESH = ConversationState()
+
+#: How many conversations' last delivery errors a Demoter remembers.
+_ERRORS_KEPT = 10_000
+
+
+@dataclass(slots=True)
+class Work:
+    """One plan of one history against one committed state, and the state to commit."""
+
+    messages: Sequence[Any]
+    stored: ConversationState | None  # the committed state planned against
+    plan: Plan
+    view: View
+    target: ConversationState  # window moved; ``delivered`` as committed
+    resynced: bool
+    known: bool  # the hook may hold some of these messages already (re-sync, clear)
+    events: list[DemoteEvent] = field(default_factory=list)
+    reserved: int = 0  # tokens outside the messages the plan left room for
+
+    @property
+    def changed(self) -> bool:
+        # The planner's answer is the committed state itself when nothing moved.
+        return self.target is not (self.stored or FRESH)
+
+    @property
+    def deliver_end(self) -> int:
+        """End of what the hook must hold once this work is done.
+
+        Past the window start when results in the window are sent as placeholders
+        (their content goes to the hook first).
+        """
+        return max(self.target.window_start, self.plan.deliver.stop)
+
+
+@dataclass(slots=True, eq=False)
+class Hold:
+    """A conversation's in-process gate, and its store lease once taken."""
+
+    conversation_id: str
+    holder: str
+    lease: Lease | None = None
+    released: bool = False  # the lease was given back (or committed with release)
+    detached: Detached | None = None  # a hook call that outlived its load's wait
+    adopted: bool = False  # a background flow owns the hold until that call ends
+
+
+@dataclass(slots=True)
+class Detached:
+    """A batch whose hook call goes on after its load stopped waiting for it."""
+
+    running: Running | None  # set when the call outlives the wait
+    batch: Demotion
+    lo: int
+    hi: int
+    generation: int
+    sent: list[tuple[int, str]] | None  # (index, fingerprint) to mark sent on success
+    pending: int  # messages pending when the call began (for the log)
+    began: float  # time.perf_counter() at the call's start
+
+
+class Tally:
+    """The Demoter's counters for :meth:`~demote.Demoter.stats` (this process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loads = 0
+        self.delivered = 0
+        self.failures = 0
+        self.summaries = 0
+        self.resyncs = 0
+        self.degraded = 0
+        self.last_error: tuple[str, float] | None = None
+        self.errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.pending: OrderedDict[str, int] = OrderedDict()
+
+    def failed(self, cid: str, error: str) -> None:
+        with self.lock:
+            self.failures += 1
+            self.last_error = (error, time.time())
+            self.errors[cid] = self.last_error
+            self.errors.move_to_end(cid)
+            if len(self.errors) > _ERRORS_KEPT:
+                self.errors.popitem(last=False)
+
+    def note_pending(self, cid: str, pending: int) -> None:
+        if pending:
+            with self.lock:
+                self.pending[cid] = pending
+                self.pending.move_to_end(cid)
+                if len(self.pending) > _ERRORS_KEPT:
+                    self.pending.popitem(last=False)
+        elif cid in self.pending:
+            with self.lock:
+                self.pending.pop(cid, None)
+
+
+def _data(rec: MessageRecord, raw: Any) -> dict[str, Any]:
+    """The neutral form of a message being delivered: the adapter's, or the record's.
+
+    Made here, at delivery, from the framework message, so the cached records stay small.
+    A converter that fails gives the text-only form (logged): a hook still gets the
+    message, and the conversation does not stall on one odd message.
+    """
+    if rec.to_data is not None:
+        try:
+            data = rec.to_data(raw)
+        except Exception as exc:
+            logger.warning("demote: cannot convert a message to its neutral form: %r", exc)
+        else:
+            if isinstance(data, dict):
+                return data
+            logger.warning("demote: to_data returned %s, not a dict", type(data).__name__)
+    return text_data(rec.role, rec.text, rec.answers, rec.tool)
+
+
+class DeliveryMixin:
+    """Gate, lease, batches, fenced commit: the Demoter's delivery half."""
+
+    # Set by Demoter.__init__.
+    state: StateStore
+    hook: object
+    hook_timeout: float | None
+    hook_wait: float | None
+    lease_ttl: float
+    max_batch: int
+    _direct: bool
+    _probe: bool
+    _views: ViewCache
+    _retry: RetryTracker
+    _runner: HookRunner
+    _keeper: LeaseKeeper
+    _observers: Observers
+    _tally: Tally
+    _lock: threading.Lock
+    _gates: dict[str, Hold]
+    _background: set[Any]
+    _background_lock: threading.Lock
+    _instance: str
+    _holders: Any
+    _breaker: Breaker
+    _stranded: dict[str, Lease | str]
+
+    def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+        """Call the state store: directly if it never blocks, else as a yielded op."""
+        if self._direct:
+            return getattr(self.state, name)(*args, **kwargs)
+        return (yield _op(self.state, name, *args, **kwargs))
+
+    def _guarded(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+        """A load's store call, through the store's breaker (see :mod:`demote.backends.breaker`).
+
+        Raises the store's error, or :class:`~demote.errors.StoreUnavailable` without
+        calling it while the breaker is open (or another call is its probe).
+        """
+        breaker = self._breaker
+        ticket = breaker.admit()
+        if ticket is None:
+            raise StoreUnavailable(
+                f"state store skipped: it failed recently (next probe in "
+                f"{breaker.retry_in():.2g} s)"
+            )
+        try:
+            result = yield from self._store(name, *args, **kwargs)
+        except Exception as exc:
+            if is_outage(exc):
+                breaker.failed(ticket)
+            else:  # it answered, with something wrong for one conversation
+                breaker.succeeded(ticket)
+            raise
+        except BaseException:  # cancelled, or the flow was closed: no answer
+            breaker.abandon(ticket)
+            raise
+        breaker.succeeded(ticket)
+        return result
+
+    def _unstrand(self, cid: str) -> Flow[None]:
+        """Release a lease an earlier load could not, before taking a new one.
+
+        A load whose store failed while it held the lease (or while it asked for one: the
+        server may have granted it and the reply been lost) leaves it to expire
+        (``lease_ttl``); without this, the conversation would not be demoted again
+        until then, although the store is back.
+        """
+        lease = self._stranded.pop(cid, None)
+        if lease is None:
+            return
+        try:
+            if isinstance(lease, Lease):
+                yield from self._guarded("release_lease", lease)
+            elif callable(getattr(self.state, "release_holder", None)):
+                # A grant whose reply was lost: only the holder name is known.
+                yield from self._guarded("release_holder", cid, lease)
+        except Exception:
+            self._stranded.setdefault(cid, lease)
+            raise
+
+    def _deliverable(self, cid: str, work: Work) -> bool:
+        """Are messages pending, and may the hook be called for them now?"""
+        return work.target.delivered < work.deliver_end and self._retry.ready(cid)
+
+    def _settle(
+        self, hold: Hold, work: Work
+    ) -> Flow[tuple[ConversationState | None, int, Exception | None]]:
+        """With the gate (and lease) held: deliver what is pending, then commit.
+
+        Returns the committed state (``None`` if the commit was refused), how many
+        messages the hook accepted, and the hook's error, if any.
+        """
+        cid = hold.conversation_id
+        target, stored = work.target, work.stored
+        delivered, end = target.delivered, work.deliver_end
+        demoted = 0
+        error: Exception | None = None
+        if delivered < end and self._deliverable(cid, work):
+            while delivered < end:
+                hi = min(end, delivered + self.max_batch)
+                batch = yield from self._batch(hold, work, delivered, hi)
+                if batch.messages:
+                    began = time.perf_counter()
+                    sent = self._sent(work, batch)
+                    n, lo = end - delivered, delivered
+                    detach = self._detacher(
+                        hold, Detached(None, batch, lo, hi, target.generation, sent, n, began)
+                    )
+                    try:
+                        running = yield Deliver(
+                            self.hook,
+                            batch,
+                            self.hook_wait,
+                            self.hook_timeout,
+                            self._runner,
+                            detach,
+                        )
+                    except Exception as exc:
+                        error = exc
+                        self._failed(
+                            work.events, batch, lo, hi, n, exc, time.perf_counter() - began
+                        )
+                        break
+                    if running is not None:  # it goes on in the background (see the module doc)
+                        detach(running)
+                        if running.timed_out:
+                            error = HookTimeout(f"hook did not finish within {self.hook_timeout} s")
+                            took = time.perf_counter() - began
+                            self._failed(work.events, batch, lo, hi, n, error, took)
+                        break
+                    self._accepted(work.events, batch, lo, hi, sent, time.perf_counter() - began)
+                    demoted += len(batch.messages)
+                delivered = hi
+                if delivered < end:  # a backlog: make each batch's progress durable
+                    step = replace(target, delivered=delivered)
+                    if not (yield from self._commit(hold, stored, step, release=False)):
+                        return None, demoted, None
+                    stored = step
+            if error is None and hold.detached is None:
+                self._retry.succeeded(cid)
+        final = target if delivered == target.delivered else replace(target, delivered=delivered)
+        committed: ConversationState | None
+        if final == (stored or FRESH):
+            yield from self._release(hold)
+            committed = stored or FRESH
+        else:
+            ok = yield from self._commit(hold, stored, final, release=True)
+            committed = final if ok else None
+        if hold.detached is not None:  # the background flow takes the hold over
+            hold.adopted = True
+            try:
+                yield Spawn(self._late(hold), self._background, self._background_lock)
+            except Exception:
+                hold.adopted = False  # _let_go adopts it another way
+                raise
+        return committed, demoted, error
+
+    def _batch(self, hold: Hold, work: Work, lo: int, hi: int) -> Flow[Demotion]:
+        """The messages ``[lo, hi)`` as one batch, less what the hook already holds."""
+        cid = hold.conversation_id
+        records, base, messages = work.view.records, work.view.base, work.messages
+        out = []
+        for i in range(lo, hi):
+            rec = records[i - base]
+            key = make_key(cid, i, rec.fingerprint)
+            raw = messages[i]
+            out.append(DemotedMessage(rec.role, rec.text, i, key, raw, _data(rec, raw)))
+        if work.known and out:
+            # After a re-sync or a clear the watermark restarted: what the hook (or, for a
+            # hook that cannot tell, this process) already holds is not offered again.
+            if self._probe:
+                held = yield HasKeys(self.hook, cid, [m.key for m in out])
+                out = [m for m in out if m.key not in held]
+            else:
+                was = self._views.was_sent
+                out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]
+        fence = hold.lease.token if hold.lease is not None else None
+        return Demotion(cid, tuple(out), fence)
+
+    def _sent(self, work: Work, batch: Demotion) -> list[tuple[int, str]] | None:
+        """What to mark sent once the hook accepts ``batch`` (``None``: a key-aware hook)."""
+        if self._probe:  # a key-aware hook answers for itself after a re-sync
+            return None
+        records, base = work.view.records, work.view.base
+        return [(m.index, records[m.index - base].fingerprint) for m in batch.messages]
+
+    def _accepted(
+        self,
+        events: list[DemoteEvent],
+        batch: Demotion,
+        lo: int,
+        hi: int,
+        sent: list[tuple[int, str]] | None,
+        took: float,
+    ) -> None:
+        cid = batch.conversation_id
+        if sent is not None:
+            self._views.mark_sent(cid, sent)
+        with self._tally.lock:
+            self._tally.delivered += len(batch.messages)
+        events.append(
+            DemoteEvent(
+                "delivered",
+                cid,
+                lo,
+                hi,
+                len(batch.messages),
+                tuple(m.key for m in batch.messages),
+                duration=took,
+                fence=batch.fence,
+            )
+        )
+
+    def _failed(
+        self,
+        events: list[DemoteEvent],
+        batch: Demotion,
+        lo: int,
+        hi: int,
+        pending: int,
+        exc: Exception,
+        took: float,
+    ) -> None:
+        cid = batch.conversation_id
+        wait = self._retry.failed(cid)
+        self._tally.failed(cid, repr(exc))
+        logger.warning(
+            "demote: hook failed for conversation %r (%d messages pending, next attempt in "
+            "%.3g s): %r",
+            cid,
+            pending,
+            wait,
+            exc,
+        )
+        events.append(
+            DemoteEvent(
+                "delivery_failed",
+                cid,
+                lo,
+                hi,
+                len(batch.messages),
+                tuple(m.key for m in batch.messages),
+                duration=took,
+                error=repr(exc),
+                retry_in=wait,
+                fence=batch.fence,
+            )
+        )
+
+    def _commit(
+        self, hold: Hold, stored: ConversationState | None, new: ConversationState, *, release: bool
+    ) -> Flow[bool]:
+        """Compare-and-set ``new``, fenced by the hold's lease (released if asked)."""
+        lease = hold.lease
+        kwargs: dict[str, Any] = {}
+        if lease is not None:
+            release = release and hold.detached is None  # a running call keeps it
+            kwargs = {"lease": lease, "release": release}
+        cid = hold.conversation_id
+        if self._direct:
+            # No I/O: check in one step that no clear or forget of this process took the
+            # gate away meanwhile (without a lease, nothing else would tell).
+            with self._lock:
+                ok = self._gates.get(cid) is hold and self.state.compare_and_set(
+                    cid, stored, new, **kwargs
+                )
+        else:  # a lease fences it: clear and forget revoke it in the store
+            ok = yield from self._guarded("compare_and_set", cid, stored, new, **kwargs)
+        if lease is not None and kwargs["release"]:
+            hold.released = True
+            self._keeper.drop(lease)
+        if not ok:
+            logger.info(
+                "demote: commit for conversation %r refused (advanced or cleared elsewhere, "
+                "or the lease was lost); keeping theirs",
+                hold.conversation_id,
+            )
+        return bool(ok)
+
+    def _release(self, hold: Hold) -> Flow[None]:
+        """Give the lease back now (unless a running hook call still needs it)."""
+        lease = hold.lease
+        if lease is None or hold.released or hold.detached is not None:
+            return
+        hold.released = True
+        self._keeper.drop(lease)
+        try:
+            yield from self._store("release_lease", lease)
+        except Exception as exc:  # it expires on its own, or the next load releases it
+            self._stranded[hold.conversation_id] = lease
+            logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
+
+    # -- the gate, and hook calls that outlive their wait --------------------------------------
+
+    def _take(self, cid: str) -> Hold | None:
+        """The conversation's in-process gate, if free (never waits)."""
+        with self._lock:
+            if cid in self._gates:
+                return None
+            hold = self._gates[cid] = Hold(cid, f"{self._instance}:{next(self._holders)}")
+            return hold
+
+    def _take_leased(self, cid: str) -> Flow[Hold | None]:
+        """The gate and, on a shared store, the lease (``None`` if either is busy)."""
+        hold = self._take(cid)
+        if (
+            hold is None
+            or not callable(getattr(self.state, "acquire_lease", None))
+            or not getattr(self.state, "shared", True)
+        ):
+            return hold
+        lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
+        if lease is None:  # another worker is delivering
+            self._let_go(hold)
+            return None
+        hold.lease = lease
+        self._keeper.hold(lease)
+        return hold
+
+    def _let_go(self, hold: Hold) -> None:
+        """Free the gate when a flow ends; a lease still held is released too."""
+        if hold.adopted:
+            return  # the background flow lets go when the running call ends
+        if hold.detached is not None:  # the flow ended (cancelled, failed) before handing over
+            self._adopt(hold)
+            return
+        self._free(hold)
+
+    def _free(self, hold: Hold) -> None:
+        lease = hold.lease
+        if lease is not None and not hold.released:  # the flow failed or was cancelled
+            hold.released = True
+            if self._direct:  # no I/O: give it back now
+                self._keeper.drop(lease)
+                self.state.release_lease(lease)  # type: ignore[attr-defined]
+            else:  # a cancelled flow cannot wait for a round trip
+                self._keeper.release_later(lease)
+        with self._lock:
+            if self._gates.get(hold.conversation_id) is hold:
+                del self._gates[hold.conversation_id]
+
+    @staticmethod
+    def _detacher(hold: Hold, detached: Detached) -> Callable[[Running], None]:
+        """What marks the hold's call as running on past its load's wait."""
+
+        def detach(running: Running) -> None:
+            detached.running = running
+            hold.detached = detached
+
+        return detach
+
+    def _adopt(self, hold: Hold) -> None:
+        """Start the background flow of a detached call from outside a flow."""
+        detached = hold.detached
+        assert detached is not None and detached.running is not None
+        hold.adopted = True
+        call = detached.running.call
+        try:
+            if isinstance(call, asyncio.Future):  # we are on its loop (the flow's finally)
+                task = call.get_loop().create_task(drive_async(self._late(hold)))
+                with self._background_lock:
+                    self._background.add(task)
+                task.add_done_callback(self._background_done)
+            else:
+                Spawn(self._late(hold), self._background, self._background_lock).run_sync()
+        except Exception as exc:  # no thread or task to be had: do not keep it busy forever
+            logger.warning("demote: cannot follow a running hook call of %r: %r", hold, exc)
+            hold.detached = None
+            self._free(hold)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        with self._background_lock:
+            self._background.discard(task)
+
+    def _late(self, hold: Hold) -> Flow[None]:
+        """Wait for a detached call to end, commit its batch if it succeeded, let go.
+
+        ``hook_timeout`` bounds the wait for a sync call: once it runs out, the failure is
+        recorded (backoff, event), and the call, which cannot be stopped, keeps the
+        conversation busy until it ends; a late success still moves the watermark.
+        """
+        detached = hold.detached
+        assert detached is not None and detached.running is not None
+        events: list[DemoteEvent] = []
+        running, batch = detached.running, detached.batch
+        failed = running.timed_out
+        try:
+            try:
+                ended = yield Outcome(running, None if failed else running.deadline)
+                if not ended:  # hook_timeout ran out; the call goes on and may still succeed
+                    failed = True
+                    error = HookTimeout(f"hook did not finish within {self.hook_timeout} s")
+                    self._late_failed(events, detached, error)
+                    yield Outcome(running, None)
+            except Exception as exc:
+                hold.detached = None
+                if not failed:
+                    self._late_failed(events, detached, exc)
+                yield from self._release(hold)
+                return
+            hold.detached = None  # the call ended: commit and release as usual
+            yield from self._late_commit(hold, detached, events)
+        except Exception as exc:
+            logger.warning(
+                "demote: recording a late delivery for %r failed: %r", batch.conversation_id, exc
+            )
+        finally:
+            hold.detached = None
+            self._free(hold)
+            self._observers.publish(events)
+
+    def _late_failed(self, events: list[DemoteEvent], d: Detached, exc: Exception) -> None:
+        took = time.perf_counter() - d.began
+        self._failed(events, d.batch, d.lo, d.hi, d.pending, exc, took)
+
+    def _late_commit(self, hold: Hold, d: Detached, events: list[DemoteEvent]) -> Flow[None]:
+        """The watermark past a batch accepted late, if it still stands where it began."""
+        cid = hold.conversation_id
+        current = yield from self._store("get", cid)
+        if (
+            current is not None and current.generation == d.generation and current.delivered == d.lo
+        ):  # (``hi`` may pass the window start: results sent as placeholders)
+            late = replace(current, delivered=d.hi)
+            if (yield from self._commit(hold, current, late, release=True)):
+                self._retry.succeeded(cid)
+                self._accepted(events, d.batch, d.lo, d.hi, d.sent, time.perf_counter() - d.began)
+                self._tally.note_pending(cid, max(0, late.window_start - late.delivered))
+                return
+        yield from self._release(hold)

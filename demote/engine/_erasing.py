@@ -1,0 +1,101 @@
+"""The Demoter's ``erase`` (see :mod:`demote.erase` for what it means and reports)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from demote._validate import seconds
+from demote.engine._delivery import DeliveryMixin, Hold
+from demote.engine._flow import Call, Flow, Sleep
+from demote.erase import EraseReport, TierReport, tiers
+from demote.errors import ConfigError
+from demote.records import MessageRecord, make_key
+from demote.state.base import validate_conversation_id
+
+T = TypeVar("T")
+
+_POLL_SECONDS = 0.05
+
+
+class EraseMixin(DeliveryMixin):
+    """The Demoter's ``erase``."""
+
+    lease_ttl: float
+
+    def _erase(
+        self,
+        conversation_id: str,
+        messages: Sequence[T] | None,
+        describe: Callable[[T], MessageRecord] | None,
+        wait: float | None,
+        also: Sequence[object] = (),
+        given: Sequence[str] | None = None,
+    ) -> Flow[EraseReport]:
+        cid = validate_conversation_id(conversation_id)
+        if (messages is None) != (describe is None):
+            raise ConfigError("erase: give both messages and describe, or neither")
+        keys = None if given is None else [str(k) for k in given]
+        if messages is not None and describe is not None:
+            derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            keys = list(dict.fromkeys([*derived, *(keys or ())]))
+        wait = self.lease_ttl if wait is None else seconds("wait", wait, zero=True)
+        deadline = time.monotonic() + wait
+        hold: Hold | None = None
+        took_over = False
+        try:
+            while True:  # wait for a delivery in flight, here or elsewhere, to end
+                hold = yield from self._take_leased(cid)
+                if hold is not None or time.monotonic() >= deadline:
+                    break
+                yield Sleep(_POLL_SECONDS)
+            if hold is None:  # it did not end in time: revoke its lease and take over
+                took_over = True
+                with self._lock:
+                    self._gates.pop(cid, None)
+                yield from self._store("delete", cid)
+                hold = yield from self._take_leased(cid)
+            fence = hold.lease.token if hold is not None and hold.lease is not None else None
+            reports: list[TierReport] = []
+            for holder in (self.hook, *also):
+                reports += yield from erase_tiers(holder, cid, fence, keys)
+            yield from self._store("delete", cid)  # state, summary and lease, bytes too
+            if hold is not None and hold.lease is not None:
+                hold.released = True
+                self._keeper.drop(hold.lease)
+            self._forget_everywhere(cid)
+            return EraseReport(cid, tuple(reports), True, took_over)
+        finally:
+            if hold is not None:
+                self._let_go(hold)
+
+    def _forget_everywhere(self, cid: str) -> None:
+        """Drop what this process keeps of the conversation (caches, counters, errors)."""
+        self._views.forget(cid)
+        self._retry.succeeded(cid)
+        with self._tally.lock:
+            self._tally.errors.pop(cid, None)
+            self._tally.pending.pop(cid, None)
+
+
+def erase_tiers(
+    holder: object, cid: str, fence: int | None, keys: Sequence[str] | None
+) -> Flow[list[TierReport]]:
+    """Ask every tier behind ``holder`` to erase ``cid``; one report per tier, in order."""
+    reports = []
+    for label, tier in tiers(holder):
+        if not (callable(getattr(tier, "erase", None)) or hasattr(tier, "aerase")):
+            reports.append(TierReport(label, "unsupported"))
+            continue
+        try:
+            removed = yield Call(tier, "erase", (cid,), {"fence": fence, "keys": keys})
+        except Exception as exc:  # reported, and the other tiers still erase
+            reports.append(TierReport(label, "failed", error=repr(exc)))
+            continue
+        reports.append(TierReport(label, "erased", _count(removed)))
+    return reports
+
+
+def _count(removed: Any) -> int | None:
+    return removed if isinstance(removed, int) and not isinstance(removed, bool) else None

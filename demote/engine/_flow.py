@@ -1,0 +1,363 @@
+"""The I/O operations a demotion flow yields, and the two drivers that perform them.
+
+The engine's logic lives in generators (sans-I/O, like httpx's ``auth_flow``): they yield
+an operation when they need I/O and receive its result, or its exception, back. The sync
+driver performs an operation with blocking calls, the async driver awaits it; everything
+else is shared. Cancelling an async driver closes the flow, so its ``finally`` blocks run
+(the in-flight gate is always released; a lease is handed to the engine's keeper thread).
+
+Every I/O of a load is an operation here: the state store's reads, leases and commits
+(:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
+summary. So the async path awaits the stores' async twins and never blocks the loop.
+
+:class:`Deliver` waits for the hook at most ``hook_wait``; a call that outlives it comes
+back as a :class:`Running` call, which a background flow (:class:`Spawn`) follows to its
+end with :class:`Outcome`: a runner thread's future from a thread, a task on its loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from demote.engine._runner import HookRunner
+from demote.errors import HookTimeout, SummarizerError
+from demote.hooks.simple import deliver_sync, native_async
+from demote.records import Demotion, MessageRecord, storable_text
+from demote.sync import run_sync
+
+R = TypeVar("R")
+
+
+class Op(Protocol):
+    """One I/O operation: performed blocking or awaited, with the same result."""
+
+    def run_sync(self) -> Any:
+        """Perform the operation with blocking calls."""
+
+    async def run_async(self) -> Any:
+        """Perform the operation without blocking the event loop."""
+
+
+Flow = Generator[Op, Any, R]
+
+
+@dataclass(slots=True)
+class Call:
+    """Call ``target.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
+
+    A target without that async twin runs the sync method in a worker thread, unless it
+    declares ``nonblocking = True`` (no I/O at all): then the sync method is called.
+    """
+
+    target: object
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run_sync(self) -> Any:
+        method = getattr(self.target, self.name, None)
+        if method is None:  # an async-only target, from sync code
+            return run_sync(getattr(self.target, "a" + self.name)(*self.args, **self.kwargs))
+        return method(*self.args, **self.kwargs)
+
+    async def run_async(self) -> Any:
+        twin = getattr(self.target, "a" + self.name, None)
+        if twin is not None:
+            return await twin(*self.args, **self.kwargs)
+        method = getattr(self.target, self.name)
+        if getattr(self.target, "nonblocking", False):
+            return method(*self.args, **self.kwargs)
+        return await asyncio.to_thread(method, *self.args, **self.kwargs)
+
+
+StoreCall = Call
+
+
+def store_call(store: object, name: str, *args: Any, **kwargs: Any) -> Call:
+    """A :class:`Call` of a store method (keyword arguments included)."""
+    return Call(store, name, args, kwargs)
+
+
+@dataclass(slots=True)
+class HasKeys:
+    """Which of ``keys`` the hook already holds (``ahas_keys`` on the async path)."""
+
+    hook: object
+    conversation_id: str
+    keys: list[str]
+
+    def run_sync(self) -> set[str]:
+        return set(self.hook.has_keys(self.conversation_id, self.keys))  # type: ignore[attr-defined]
+
+    async def run_async(self) -> set[str]:
+        twin = getattr(self.hook, "ahas_keys", None)
+        if twin is not None:
+            return set(await twin(self.conversation_id, self.keys))
+        probe = self.hook.has_keys  # type: ignore[attr-defined]
+        return set(await asyncio.to_thread(probe, self.conversation_id, self.keys))
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A hook call still going on after its load stopped waiting for it.
+
+    ``call`` is a runner thread's future (a sync hook) or a task on the load's event loop
+    (a native async hook, which carries ``hook_timeout`` inside it). ``deadline`` is when
+    ``hook_timeout`` runs out for a sync call (``time.monotonic()``; ``None``: unbounded,
+    or bounded inside the task); ``timed_out`` says it ran out already, within the wait.
+    """
+
+    call: Future[None] | asyncio.Task[None]
+    deadline: float | None
+    timed_out: bool
+
+
+@dataclass(slots=True)
+class Deliver:
+    """Hand a batch to the hook; wait for it at most ``wait`` (and ``timeout``) seconds.
+
+    The result is ``None`` when the hook accepted the batch within the wait (its error is
+    raised), or a :class:`Running` call that goes on in the background: the engine keeps
+    the conversation busy (gate and lease) until it ends, then commits its outcome. When
+    ``timeout`` (``hook_timeout``) is no longer than ``wait``, the load waits for it, as
+    it did before there was a wait: a native async hook is then cancelled and raises
+    :class:`~demote.errors.HookTimeout`, a sync call (which cannot be stopped) comes back
+    as ``Running`` with ``timed_out`` set. A sync hook runs on the engine's own
+    :class:`~demote.engine._runner.HookRunner` whenever there is a bound or a loop to keep free.
+    ``orphan`` is handed a call the load was interrupted (cancelled) while waiting for.
+    """
+
+    hook: object
+    batch: Demotion
+    wait: float | None
+    timeout: float | None
+    runner: HookRunner
+    orphan: Callable[[Running], None]
+
+    def _bound(self) -> tuple[float | None, bool]:
+        """How long to wait here, and whether that bound is ``hook_timeout`` itself."""
+        if self.wait is None or (self.timeout is not None and self.timeout <= self.wait):
+            return self.timeout, True
+        return self.wait, False
+
+    def _running(self, future: Future[None], began: float, final: bool) -> Running:
+        deadline = None if self.timeout is None else began + self.timeout
+        return Running(future, deadline, final)
+
+    def run_sync(self) -> Running | None:
+        bound, final = self._bound()
+        if bound is None:
+            deliver_sync(self.hook, self.batch)
+            return None
+        began = time.monotonic()
+        future = self.runner.submit(deliver_sync, self.hook, self.batch)
+        try:
+            future.result(bound)
+        except TimeoutError:
+            if future.done():  # the hook's own TimeoutError
+                raise
+            return self._running(future, began, final)
+        except Exception:
+            raise
+        except BaseException:  # interrupted: the thread runs on, the conversation stays busy
+            if not future.done():
+                self.orphan(self._running(future, began, final))
+            raise
+        return None
+
+    async def run_async(self) -> Running | None:
+        bound, final = self._bound()
+        began = time.monotonic()
+        if native_async(self.hook):
+            coro = _within(self.hook.adeliver(self.batch), self.timeout)  # type: ignore[attr-defined]
+            if final:  # cancelled with the load, or by hook_timeout
+                await coro
+                return None
+            call = asyncio.ensure_future(coro)
+            try:
+                await asyncio.wait_for(asyncio.shield(call), bound)
+            except TimeoutError:
+                if call.done():
+                    raise
+                return Running(call, None, False)
+            except BaseException:
+                call.cancel()  # the load was cancelled: so is its hook call
+                raise
+            return None
+        future = self.runner.submit(deliver_sync, self.hook, self.batch)
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), bound)
+        except TimeoutError:
+            if future.done():
+                future.result()  # its own outcome counts
+                return None
+            return self._running(future, began, final)
+        except Exception:
+            raise
+        except BaseException:  # cancelled: the thread runs on, the conversation stays busy
+            if not future.done():
+                self.orphan(self._running(future, began, final))
+            raise
+        return None
+
+
+async def _within(call: Awaitable[None], timeout: float | None) -> None:
+    """Await a native async hook call for at most ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(call, timeout)
+    except TimeoutError as exc:
+        raise HookTimeout(f"hook did not finish within {timeout} s") from exc
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Wait for a :class:`Running` call to end, until its deadline (``None``: no bound).
+
+    The result is ``True`` when the call ended well, ``False`` when the deadline passed
+    with the call still running; the call's own error is raised.
+    """
+
+    running: Running
+    deadline: float | None
+
+    def _left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def run_sync(self) -> bool:
+        call = self.running.call
+        if isinstance(call, asyncio.Future):  # pragma: no cover - tasks live on async paths
+            raise TypeError("a task is awaited on its own loop")
+        try:
+            call.result(self._left())
+        except TimeoutError:
+            if call.done():
+                raise
+            return False
+        return True
+
+    async def run_async(self) -> bool:
+        call = self.running.call
+        waited = call if isinstance(call, asyncio.Future) else asyncio.wrap_future(call)
+        try:
+            await asyncio.wait_for(asyncio.shield(waited), self._left())
+        except TimeoutError:
+            if waited.done():
+                raise
+            return False
+        return True
+
+
+@dataclass(slots=True)
+class Summarize:
+    """Fold messages into the running summary; the result is the new summary text."""
+
+    summarizer: object
+    previous: str | None
+    messages: Sequence[MessageRecord]
+
+    def run_sync(self) -> str:
+        fn = getattr(self.summarizer, "summarize", None)
+        if fn is not None:
+            return _text(fn(self.previous, self.messages))
+        return _text(run_sync(self.summarizer.asummarize(self.previous, self.messages)))  # type: ignore[attr-defined]
+
+    async def run_async(self) -> str:
+        fn = getattr(self.summarizer, "asummarize", None)
+        if fn is not None:
+            return _text(await fn(self.previous, self.messages))
+        summarize = self.summarizer.summarize  # type: ignore[attr-defined]
+        return _text(await asyncio.to_thread(summarize, self.previous, self.messages))
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise SummarizerError(f"summarizer returned {type(value).__name__}, not str")
+    return storable_text(value)  # the summary goes into the state store
+
+
+@dataclass(slots=True)
+class Sleep:
+    """Pause the flow (``time.sleep`` or ``asyncio.sleep``)."""
+
+    seconds: float
+
+    def run_sync(self) -> None:
+        time.sleep(self.seconds)
+
+    async def run_async(self) -> None:
+        await asyncio.sleep(self.seconds)
+
+
+@dataclass(slots=True)
+class Spawn:
+    """Run another flow in the background: a thread for sync callers, a task for async."""
+
+    flow: Flow[Any]
+    tracker: set[Any]
+    lock: threading.Lock
+
+    def run_sync(self) -> None:
+        thread = threading.Thread(target=self._run_thread, name="demote-background", daemon=True)
+        with self.lock:
+            self.tracker.add(thread)
+        thread.start()
+
+    def _run_thread(self) -> None:
+        try:
+            drive_sync(self.flow)
+        finally:
+            with self.lock:
+                self.tracker.discard(threading.current_thread())
+
+    async def run_async(self) -> None:
+        task = asyncio.get_running_loop().create_task(drive_async(self.flow))
+        with self.lock:
+            self.tracker.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            with self.lock:
+                self.tracker.discard(t)
+
+        task.add_done_callback(done)
+
+
+def drive_sync(flow: Flow[R]) -> R:
+    """Run ``flow`` to its end, performing each operation with blocking calls."""
+    result: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            op = flow.throw(error) if error is not None else flow.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            result, error = op.run_sync(), None
+        except Exception as exc:  # handed back to the flow, which decides
+            result, error = None, exc
+        except BaseException:
+            flow.close()
+            raise
+
+
+async def drive_async(flow: Flow[R]) -> R:
+    """Run ``flow`` to its end, awaiting each operation (cancellation closes the flow)."""
+    result: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            op = flow.throw(error) if error is not None else flow.send(result)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            result, error = await op.run_async(), None
+        except Exception as exc:
+            result, error = None, exc
+        except BaseException:
+            flow.close()
+            raise

@@ -1,0 +1,1136 @@
+"""The demotion engine: load -> plan -> deliver -> commit.
+
+Theory of operation
+-------------------
+Adapters call :meth:`Demoter.load` (or :meth:`Demoter.aload`) on every read with the
+conversation's full history and a function that describes one message as a
+:class:`~demote.records.MessageRecord`. One load:
+
+1. reads the committed state (one store round trip);
+2. describes only the messages the planner needs (records are cached per conversation by
+   message identity, see :mod:`demote.engine._views`) and runs the pure planner. A history that
+   no longer matches the state is re-synced from a fresh state (one generation on); a
+   stale, shorter copy read by a slow request is served its own window and changes
+   nothing;
+3. if the plan moves the window, or messages are *pending* (they left the window but the
+   hook has not accepted them) and the conversation's retry backoff allows an attempt, it
+   takes the conversation's in-process gate and, on a shared store, its lease (never
+   waiting for either: a caller without them returns the planned window at once). The
+   lease comes with the committed state read in the same step (without a lease, the state
+   is read again once the gate is taken: its last holder may have committed since); if it
+   moved on, the load re-plans against it;
+4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
+   the lease's fencing token, then commits the new window start and how far the hook got
+   with one compare-and-set that is valid only while the lease is held, and releases the
+   lease in the same step. A hook failure moves nothing back: the window start is
+   committed anyway (the window obeys the policy's bound whatever the hook does), the
+   watermark stays behind the undelivered messages, and the conversation backs off;
+5. returns the window: pinned system messages, the committed summary, the kept messages.
+
+Every message is therefore, at all times, in the window, covered by the committed
+summary, delivered to the hook, or pending and retried. The inner store (the source of
+truth) is never touched.
+
+Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``_flow``) and
+performed by two short drivers, one blocking, one awaiting (:mod:`demote.engine._flow`), so the
+async path never blocks an event loop. A sync hook that must not block past
+``hook_timeout`` (or must not block an event loop) runs on the engine's own threads
+(:mod:`demote.engine._runner`); a call that outlives its wait keeps the conversation busy, gate
+and lease, until it ends, so the same messages are never handed to the hook twice at once.
+Leases are renewed by a keeper thread while a hook runs; ``clear`` revokes them and leaves
+a tombstone one generation on, so a delivery begun before it commits nothing after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, Literal, TypeVar, cast
+
+from demote._closing import Closing
+from demote._validate import count, seconds
+from demote.backends.breaker import Throttle, breaker_of
+from demote.engine._compaction import CompactionMixin
+from demote.engine._delivery import FRESH, Hold, Tally, Work
+from demote.engine._erasing import EraseMixin
+from demote.engine._flow import Flow, drive_async, drive_sync
+from demote.engine._runner import HookRunner, LeaseKeeper
+from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine.retry import Backoff, RetryTracker
+from demote.erase import EraseReport
+from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
+from demote.events import (
+    ConversationStats,
+    DegradedSource,
+    DemoteEvent,
+    DemoterStats,
+    Observer,
+    Observers,
+)
+from demote.hooks.simple import NoopHook, check_hook
+from demote.records import (
+    ROLES,
+    ConversationState,
+    MessageRecord,
+    Role,
+    fingerprint,
+    make_key,
+    parts_digest,
+)
+from demote.state.base import Lease, StateStore, validate_conversation_id
+from demote.state.memory import InMemoryStateStore
+from demote.summarize import check_summarizer
+from demote.window.clearing import PLACEHOLDER_TOKENS
+from demote.window.planner import Plan, needed_from, plan
+from demote.window.policy import ClearToolResults, Compact, SlidingWindow
+from demote.window.tokens import TokenCache
+
+__all__ = [
+    "PROGRESS_PREFIX",
+    "SUMMARY_PREFIX",
+    "Demoter",
+    "Window",
+    "render_progress",
+    "render_summary",
+]
+
+#: How adapters introduce the running summary to the model (one system message).
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+
+#: How adapters introduce the running summary when the window starts inside a turn: a
+#: progress note on the task the opener set, sent with the opener (see :class:`Window`).
+PROGRESS_PREFIX = "Progress so far on this task (earlier steps, summarized):\n"
+
+
+def render_summary(summary: str) -> str:
+    """The text of the one system message that carries the running summary."""
+    return SUMMARY_PREFIX + summary
+
+
+def render_progress(summary: str) -> str:
+    """The text of the progress note that carries the summary after a window's opener."""
+    return PROGRESS_PREFIX + summary
+
+
+logger = logging.getLogger("demote")
+
+#: Seconds between two warnings about one failing part (state store, recall, capture).
+DEGRADED_WARNING_PERIOD = 60.0
+
+_DEGRADED_WHAT = {
+    "state": "state store failed; windows are planned from the history alone and nothing "
+    "is delivered or committed until it answers",
+    "recall": "recall failed; windows go without recalled messages",
+    "capture": "capture failed; user turns are not captured",
+}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Window(Generic[T]):
+    """What a load returns: the part of the history the model should see.
+
+    Attributes:
+        conversation_id: The conversation.
+        pinned: Leading system messages (never demoted).
+        summary: The committed running summary, or ``None``.
+        messages: The kept messages, oldest first.
+        start: Absolute index of ``messages[0]``.
+        total: Length of the full history.
+        demoted: Messages this call handed to the hook.
+        pending: Messages that left the window but the hook has not accepted yet (they
+            are retried with backoff; the inner store still has them).
+        delivered: The hook's watermark: messages before it were accepted. It may run
+            ahead of ``start``: cleared and clipped tool results in the window are handed
+            to the hook before the model is sent their placeholders.
+        events: What this load did (demoted, delivered, failed, re-synced, cleared,
+            overhang, degraded), oldest first.
+        degraded: The state store failed or was skipped (its breaker is open): the window
+            was planned without it (from the history alone when even the read failed:
+            the policy over a fresh state, pinned messages kept), and nothing was
+            delivered or committed. ``pending`` and ``delivered`` are then as planned,
+            not as committed. The next load after the store is back catches up.
+        opener: When the window starts inside a turn (at a step boundary), the message
+            that opened the turn, sent between the summary and ``messages`` so the model
+            still sees the task (and every request starts with a user message); else
+            ``None``. It is before ``start``: it was handed to the hook too.
+        opener_index: The opener's absolute index (recall skips it: the model sees it).
+        placeholders: Absolute index -> the text the model is sent instead of that tool
+            result's content (cleared: :func:`demote.window.clearing.placeholder_text`, naming
+            the archived key). Adapters send a copy of the message with this content and
+            everything else (call id, tool name, status, ids) kept.
+        clipped: Absolute index -> the head of an oversized tool result and a placeholder
+            for the rest (:func:`demote.window.clearing.clipped_text`), sent the same way.
+        overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
+            messages, the opener, the newest step after clipping) alone exceeds the
+            limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
+
+    How adapters render it for the model: ``pinned``, then the summary (one system
+    message, :func:`render_summary`) unless there is an ``opener``, then the opener (with
+    the summary as a progress note, :func:`render_progress`, appended to a copy of it as
+    one more text block: a system message mid-conversation is refused by some providers,
+    and a second user message in a row by others), then ``messages`` with
+    ``placeholders`` and ``clipped`` applied.
+    """
+
+    conversation_id: str
+    pinned: list[T]
+    summary: str | None
+    messages: list[T]
+    start: int
+    total: int
+    demoted: int = 0
+    pending: int = 0
+    delivered: int = 0
+    events: tuple[DemoteEvent, ...] = ()
+    opener: T | None = None
+    placeholders: dict[int, str] = field(default_factory=dict)
+    clipped: dict[int, str] = field(default_factory=dict)
+    overhang: int = 0
+    opener_index: int | None = None
+    degraded: bool = False
+
+    def __len__(self) -> int:
+        return len(self.pinned) + (self.opener is not None) + len(self.messages)
+
+    def replacement(self, index: int) -> str | None:
+        """The text sent instead of the content of the message at ``index``, if any."""
+        text = self.placeholders.get(index)
+        return self.clipped.get(index) if text is None else text
+
+
+def _call_ids(opens: object) -> tuple[str, ...]:
+    """``opens`` as a tuple of tool-call ids, or :class:`ArgumentTypeError`."""
+    if isinstance(opens, str | bytes):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}")
+    try:
+        ids: tuple[object, ...] = tuple(cast("Iterable[object]", opens))
+    except TypeError:
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}") from None
+    if not all(isinstance(c, str) for c in ids):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {ids!r:.80}")
+    return cast("tuple[str, ...]", ids)
+
+
+class Demoter(EraseMixin, CompactionMixin, Closing):
+    """Keeps each conversation's active window and demotes what falls out, once.
+
+    One Demoter serves any number of conversations; share it across adapters.
+
+    Args:
+        policy: The window policy.
+        hook: Where demoted messages go (``NoopHook`` if omitted): an object with
+            ``deliver(batch)`` and/or ``async adeliver(batch)``.
+        state: Where watermarks live; ``InMemoryStateStore()`` if omitted, use
+            ``SQLiteStateStore(path)`` to survive restarts and ``RedisStateStore`` or
+            ``PostgresStateStore`` for a fleet of workers.
+        on_hook_error: ``"log"`` (warn and return the window) or ``"raise"``
+            (:class:`~demote.errors.HookError` to the caller that drove the delivery,
+            after the window move is committed). Either way the messages stay pending and
+            a later load retries them.
+        hook_timeout: Seconds a hook call may take (``None``: no bound). A call that
+            runs longer fails (its messages stay pending, with backoff); a sync hook's
+            call cannot be stopped: it runs on in the engine's own thread and the
+            conversation is not handed to the hook again until it ends.
+        hook_wait: Seconds a load waits for the hook before it returns the window anyway
+            (sync and async loads alike; ``None``: up to ``hook_timeout``). The call goes
+            on in the background, holding the conversation (gate and lease), and its
+            success is committed, so the messages are not handed over again. A local
+            archive answers well within it and looks synchronous.
+        summarizer: Folds the groups a ``Compact`` policy marks into a running summary,
+            off the hot path (see :mod:`demote.summarize`). Without one, ``Compact``
+            behaves as bulk eviction at ``limit + 2 * compact_count`` (logged once).
+        lease_ttl: Seconds a delivery lease lasts on a shared store before another worker
+            may take over; renewed while a hook runs. A finite number > 0.
+        cached_conversations: How many conversations keep their described window in
+            memory (least recently loaded go first); a conversation without one is
+            described again on its next load, which costs time, not correctness.
+        retry: How long a conversation whose hook failed waits before the next attempt.
+        max_batch: Most messages handed to the hook in one batch (a backlog is delivered
+            in several, each committed as it succeeds).
+        hook_threads: Threads the engine keeps for sync hook calls with a timeout (or from
+            async loads); with all of them busy, a delivery is refused and stays pending.
+        on_store_error: ``"degrade"`` (a load whose state store fails, times out, or is
+            skipped by its circuit breaker returns a *degraded* window, see
+            :attr:`Window.degraded`, reports a ``degraded`` event and logs a warning at
+            most once a minute) or ``"raise"`` (the store's
+            :class:`~demote.errors.StoreError` to the caller, as before; a store whose
+            breaker is open raises :class:`~demote.errors.StoreUnavailable` at once).
+            See :mod:`demote.backends.breaker` for the breaker's timings.
+    """
+
+    def __init__(
+        self,
+        policy: SlidingWindow,
+        hook: object | None = None,
+        *,
+        state: StateStore | None = None,
+        on_hook_error: Literal["log", "raise"] = "log",
+        hook_timeout: float | None = 30.0,
+        hook_wait: float | None = 0.25,
+        summarizer: object | None = None,
+        lease_ttl: float = 30.0,
+        cached_conversations: int = 1_000,
+        retry: Backoff | None = None,
+        max_batch: int = 500,
+        hook_threads: int = 8,
+        on_store_error: Literal["degrade", "raise"] = "degrade",
+    ) -> None:
+        if not isinstance(policy, SlidingWindow):
+            raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
+        if on_hook_error not in ("log", "raise"):
+            raise ConfigError(f"on_hook_error: must be 'log' or 'raise', got {on_hook_error!r}")
+        if on_store_error not in ("degrade", "raise"):
+            raise ConfigError(
+                f"on_store_error: must be 'degrade' or 'raise', got {on_store_error!r:.40}"
+            )
+        self.hook_timeout = (
+            None if hook_timeout is None else seconds("hook_timeout", hook_timeout, optional=True)
+        )
+        self.hook_wait = None if hook_wait is None else seconds("hook_wait", hook_wait)
+        self.lease_ttl = seconds("lease_ttl", lease_ttl)
+        if retry is not None and not isinstance(retry, Backoff):
+            raise ConfigError(f"retry: expected a Backoff, got {type(retry).__name__}")
+        self.max_batch = count("max_batch", max_batch)
+        self.policy = policy
+        self.hook: object = NoopHook() if hook is None else hook
+        check_hook(self.hook)
+        store = InMemoryStateStore() if state is None else state
+        for method in ("get", "compare_and_set"):
+            if not callable(getattr(store, method, None)):
+                raise ConfigError(f"state: {type(store).__name__} has no {method}() method")
+        self.state: StateStore = store
+        self.on_hook_error = on_hook_error
+        self.on_store_error = on_store_error
+        self._breaker = breaker_of(store)
+        self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
+        self._degraded_since: float | None = None
+        self._unsure: set[str] = set()  # delivered, but the commit failed
+        # Leases whose release may have failed, or holders whose grant was not heard of.
+        self._stranded: dict[str, Lease | str] = {}
+        if summarizer is not None:
+            check_summarizer(summarizer)
+        elif isinstance(policy.eviction, Compact):
+            warnings.warn(
+                "a Compact policy without a summarizer behaves as bulk eviction at "
+                "limit + 2 x compact_count; pass summarizer= to keep the gist in the prompt",
+                DemoteWarning,
+                stacklevel=2,
+            )
+        self.summarizer = summarizer
+        self.tokens = TokenCache(policy.counter)
+        clearing = policy.clearing
+        self._head_tokens: int = (
+            clearing.head_tokens
+            if clearing is not None
+            else ClearToolResults.model_fields["head_tokens"].default
+        )
+        self._noop = type(self.hook) is NoopHook
+        self._probe = callable(getattr(self.hook, "has_keys", None))
+        self._direct = bool(getattr(store, "nonblocking", False))
+        self._leasing = callable(getattr(store, "acquire_lease", None))
+        attach = getattr(store, "attach", None)
+        if callable(attach):
+            attach()
+        self._views = ViewCache(count("cached_conversations", cached_conversations))
+        self._retry = RetryTracker(retry or Backoff())
+        self._runner = HookRunner(count("hook_threads", hook_threads))
+        self._keeper = LeaseKeeper(store, self.lease_ttl)
+        self._observers = Observers()
+        self._tally = Tally()
+        self._background: set[Any] = set()
+        self._background_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._gates: dict[str, Hold] = {}
+        self._compacting: dict[str, object] = {}
+        self._instance = uuid.uuid4().hex[:12]
+        self._holders = itertools.count(1)
+
+    # -- describing messages -------------------------------------------------------------
+
+    def describe(
+        self,
+        role: Any,
+        text: str,
+        *,
+        opens: Sequence[str] = (),
+        answers: str | None = None,
+        tool: str | None = None,
+        calls: Sequence[Mapping[str, Any]] = (),
+        blocks: Sequence[object] = (),
+        message: object = None,
+        to_data: Callable[[Any], dict[str, Any]] | None = None,
+    ) -> MessageRecord:
+        """Describe one message for the planner (adapters call this from ``to_core``).
+
+        The record's tokens are what a provider bills (:func:`demote.window.tokens.billed_tokens`:
+        the text, ``calls``, ``blocks`` and ``answers``), or, with a
+        :class:`~demote.window.tokens.MessageCounter`, that counter's count of ``message``;
+        either is counted once per fingerprint, and the fingerprint covers the calls'
+        names and arguments and the blocks (a text-only message keeps its old one).
+
+        Args:
+            role: ``system``, ``user``, ``assistant`` or ``tool``.
+            text: The message text.
+            opens: Ids of the tool calls it opens.
+            answers: Id of the tool call it answers.
+            tool: Name of the tool whose result it is.
+            calls: Its tool calls, ``{"id", "name", "args"}`` each.
+            blocks: Its content blocks other than text (images, audio, files,
+                reasoning), in the neutral form.
+            message: The framework message (counted by a whole-message counter only;
+                not kept).
+            to_data: Makes the neutral form from the framework message at delivery
+                (kept on the record: one shared function, see
+                ``MessageRecord.to_data``).
+
+        Raises:
+            ArgumentTypeError: ``text`` is not a str, ``opens`` not a sequence of str,
+                ``answers`` or ``tool`` neither a str nor ``None``, ``calls`` not a
+                sequence of mappings, ``blocks`` not a sequence, or ``to_data`` not
+                callable.
+            ConfigError: ``role`` is not one of the core's roles.
+        """
+        if not isinstance(text, str):
+            raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
+        opens = _call_ids(opens) if opens else ()
+        if answers is not None and not isinstance(answers, str):
+            raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
+        if tool is not None and not isinstance(tool, str):
+            raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
+        if not isinstance(role, str) or role not in ROLES:
+            raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
+        if calls and (
+            not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
+        ):
+            raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
+        if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
+            raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
+        if to_data is not None and not callable(to_data):
+            raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
+        fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
+        tokens = self.tokens.count(
+            fp, text, calls=calls, blocks=blocks, answers=answers, message=message
+        )
+        return MessageRecord(cast("Role", role), text, fp, tokens, opens, answers, tool, to_data)
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        *,
+        reserved: int = 0,
+    ) -> Window[T]:
+        """Plan the window, deliver what is pending, commit, return the window.
+
+        Args:
+            conversation_id: The conversation.
+            messages: Its full history, oldest first.
+            describe: Describes one message (the adapter's ``to_core``).
+            reserved: Tokens the model is sent besides these messages that count toward
+                a token limit (an agent's system prompt and tool definitions); the
+                window leaves room for them. Ignored in other units.
+
+        Raises:
+            ConfigError: ``reserved`` is not an int ``>= 0``.
+        """
+        return drive_sync(self._flow(conversation_id, messages, describe, reserved))
+
+    async def aload(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        *,
+        reserved: int = 0,
+    ) -> Window[T]:
+        """Async :meth:`load`: every store round trip and the hook are awaited."""
+        return await drive_async(self._flow(conversation_id, messages, describe, reserved))
+
+    def _flow(
+        self,
+        conversation_id: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        reserved: int = 0,
+    ) -> Flow[Window[T]]:
+        if type(conversation_id) is str and conversation_id in self._views:
+            cid = conversation_id  # a cached view's id was checked when it was made
+        else:
+            cid = validate_conversation_id(conversation_id)
+        if type(messages) is not list and (
+            not isinstance(messages, Sequence) or isinstance(messages, str | bytes)
+        ):
+            raise ArgumentTypeError(
+                f"messages: expected a sequence of messages (a list), got {type(messages).__name__}"
+            )
+        if not callable(describe):
+            raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
+        count("reserved", reserved, minimum=0)
+        tally = self._tally
+        with tally.lock:
+            tally.loads += 1
+        try:
+            stored = yield from self._guarded("get", cid)
+        except Exception as exc:  # down, slow or skipped: plan from the history alone
+            if self.on_store_error == "raise":
+                raise
+            window = self._degraded(cid, self._from_history(cid, messages, describe, reserved), exc)
+            self._observers.publish(window.events)
+            return window
+        if self._degraded_since is not None:
+            self._recovered()
+        work = self._prepare(cid, messages, describe, stored, reserved)
+        if isinstance(work, Window):
+            return work
+        window, done = yield from self._run(cid, describe, stored, work)
+        if done is not None and done.plan.compact is not None and self.summarizer is not None:
+            yield from self._maybe_compact(cid, done)
+        if not window.degraded:
+            tally.note_pending(cid, window.pending)
+        if window.events:
+            self._observers.publish(window.events)
+        return window
+
+    def _run(
+        self,
+        cid: str,
+        describe: Callable[[T], MessageRecord],
+        stored: ConversationState | None,
+        work: Work,
+    ) -> Flow[tuple[Window[T], Work | None]]:
+        """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
+        if not (work.changed or self._deliverable(cid, work)):
+            return self._window(cid, work), work
+        hold = self._take(cid)
+        if hold is None:  # another caller of this process is delivering
+            self._unconfirmed(cid, work)
+            return self._window(cid, work), work
+        failure: Exception | None = None
+        try:
+            try:
+                if self._leasing and getattr(self.state, "shared", True):
+                    yield from self._unstrand(cid)
+                    try:
+                        lease = yield from self._guarded(
+                            "acquire_lease", cid, hold.holder, self.lease_ttl
+                        )
+                    except Exception:  # granted, perhaps, and the reply lost
+                        self._stranded[cid] = hold.holder
+                        raise
+                    if lease is None:  # another worker is delivering
+                        self._unconfirmed(cid, work)
+                        return self._window(cid, work), work
+                    hold.lease = lease
+                    self._keeper.hold(lease)
+                    current = lease.state
+                else:  # the gate alone: its last holder may have committed since we read
+                    current = yield from self._guarded("get", cid)
+                if current != stored:  # it moved on since we read it: plan again
+                    replanned = self._prepare(cid, work.messages, describe, current, work.reserved)
+                    if isinstance(replanned, Window):
+                        yield from self._release(hold)
+                        return replanned, None
+                    work = replanned
+                if cid in self._unsure:  # delivered before, but that commit failed
+                    work.known = True
+                committed, demoted, error = yield from self._settle(hold, work)
+            except Exception as exc:  # the store failed mid-way (hook errors are settled)
+                if self.on_store_error == "raise":
+                    raise
+                failure = exc
+                if any(e.kind == "delivered" for e in work.events):
+                    self._unsure.add(cid)  # the next delivery asks what the hook holds
+                if hold.lease is not None and not hold.released:
+                    self._stranded[cid] = hold.lease
+        finally:
+            self._let_go(hold)
+        if failure is not None:
+            self._unconfirmed(cid, work)
+            return self._degraded(cid, self._window(cid, work), failure), None
+        if committed is None:
+            self._unconfirmed(cid, work)
+        if error is not None and self.on_hook_error == "raise":
+            if isinstance(error, HookError):
+                raise error
+            raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
+        if committed is not None:
+            self._unsure.discard(cid)
+            self._committed(cid, work, committed)
+            if self._noop:  # it took what left the window at once
+                prev = work.stored or FRESH
+                before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
+                demoted = max(0, committed.delivered - before)
+        return self._window(cid, work, committed, demoted), work
+
+    # -- degraded loads -----------------------------------------------------------------------
+
+    def _from_history(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        reserved: int = 0,
+    ) -> Window[T]:
+        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
+        view = self._views.records(cid, messages, 0, describe)
+        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
+        target = self._advance(FRESH, p, view)
+        work = Work(messages, None, p, view, target, False, False, reserved=reserved)
+        return self._window(cid, work)
+
+    def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
+        """``window`` marked degraded, with its event; warned about once a period."""
+        retry_in = self._breaker.retry_in()
+        event = DemoteEvent.degraded(
+            cid, "state", error, start=window.start, end=window.total, retry_in=retry_in
+        )
+        with self._tally.lock:
+            self._tally.degraded += 1
+        if self._degraded_since is None:
+            self._degraded_since = time.monotonic()
+        self._warn("state", cid, error, retry_in)
+        events = (*window.events, event)
+        return dataclasses.replace(window, degraded=True, events=events)
+
+    def _warn(self, source: str, cid: str, error: BaseException, retry_in: float) -> None:
+        held = self._warnings.ready(source)
+        if held is None:
+            return
+        probe = f", next probe in {retry_in:.2g} s" if source == "state" else ""
+        more = f"; {held} more since the last warning" if held else ""
+        logger.warning(
+            "demote: %s (conversation %r%s%s; warned at most every %g s): %r",
+            _DEGRADED_WHAT[source],
+            cid,
+            probe,
+            more,
+            self._warnings.period,
+            error,
+        )
+
+    def _recovered(self) -> None:
+        since, self._degraded_since = self._degraded_since, None
+        if since is not None and self._warnings.quiet("state"):
+            logger.warning(
+                "demote: state store answers again after %.1f s; demotion resumes",
+                time.monotonic() - since,
+            )
+
+    def report_degraded(
+        self, conversation_id: str, source: DegradedSource, error: BaseException
+    ) -> DemoteEvent:
+        """Report a part of the memory layer that failed while the chat went on.
+
+        Adapters call it when recall or capture fails: the ``degraded`` event goes to the
+        observers (and is returned, for the framework's callbacks), and a warning is
+        logged at most once a minute per ``source``.
+
+        Args:
+            conversation_id: The conversation.
+            source: ``"recall"`` or ``"capture"`` (``"state"`` is the engine's own).
+            error: What failed.
+
+        Returns:
+            The event.
+
+        Raises:
+            ConfigError: ``source`` is not one of those.
+        """
+        if source not in ("state", "recall", "capture"):
+            raise ConfigError(f"source: must be 'state', 'recall' or 'capture', got {source!r:.40}")
+        event = DemoteEvent.degraded(conversation_id, source, error)
+        self._warn(source, conversation_id, error, 0.0)
+        self._observers.publish((event,))
+        return event
+
+    def _committed(self, cid: str, work: Work, committed: ConversationState) -> None:
+        """Events for a committed window move (and a committed re-sync)."""
+        prev = work.stored or FRESH
+        if work.resynced:
+            with self._tally.lock:
+                self._tally.resyncs += 1
+            work.events.insert(
+                0,
+                DemoteEvent(
+                    "resynced", cid, prev.window_start, len(work.messages), len(work.messages)
+                ),
+            )
+            prev = FRESH
+        old = prev.window_start if prev.window_start > prev.pinned else work.plan.pinned
+        new = committed.window_start
+        if new > old:
+            records, base = work.view.records, work.view.base
+            # The kept messages as stored (a plan's size may count pinned messages, the
+            # opener, reserved tokens or placeholders too).
+            after = sum(r.tokens for r in records[new - base :])
+            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
+            at = 1 if work.resynced else 0
+            work.events.insert(
+                at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
+            )
+        cleared = self._cleared_event(cid, work, prev)
+        if cleared is not None:
+            work.events.append(cleared)
+
+    def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
+        """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
+        p = work.plan
+        fresh = [i for i in p.placeholders if i >= prev.cleared]
+        clipped = [i for i in p.clipped if i >= prev.delivered]
+        if not (fresh or clipped):
+            return None
+        records, base = work.view.records, work.view.base
+        indexes = sorted((*fresh, *clipped))
+        before = sum(records[i - base].tokens for i in indexes)
+        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
+            self._head_tokens + PLACEHOLDER_TOKENS
+        )
+        keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
+        return DemoteEvent(
+            "cleared", cid, indexes[0], indexes[-1] + 1, len(indexes), keys, before, after
+        )
+
+    def _overhang_event(self, cid: str, work: Work) -> DemoteEvent:
+        """``overhang``: what cannot be cut alone exceeds the limit (every such load)."""
+        p = work.plan
+        return DemoteEvent(
+            "overhang",
+            cid,
+            p.window_start,
+            p.end,
+            p.end - p.window_start,
+            tokens_before=p.size,
+            tokens_after=p.overhang,
+        )
+
+    def _head_chars(self, text: str) -> int:
+        """How many leading characters of ``text`` fit in the clipped head's tokens.
+
+        The longest prefix the policy's counter counts within ``head_tokens``: four
+        characters a token first (exact for the approximate counter), then by bisection.
+        """
+        tokens, counter = self._head_tokens, self.policy.resolved_counter()
+        n = min(len(text), 4 * tokens)
+        if counter(text[:n]) <= tokens:
+            return n
+        lo, hi = 0, n - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if counter(text[:mid]) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _prepare(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        stored: ConversationState | None,
+        reserved: int = 0,
+    ) -> Work | Window[T]:
+        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
+        state = stored or FRESH
+        given, reserved = reserved, self._with_summary(state, reserved)
+        if self._views.is_stale(cid, messages, describe, state):
+            # A request that read the history before a newer one appended to it: not a
+            # rewrite, and not the current history either. Serve it its own window
+            # (planned, bounded, placeholders and all), change nothing.
+            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
+            stale = Work(messages, stored, p, view, state, False, False, reserved=given)
+            return self._window(cid, stale, replace(state, summary=summary))
+        view = self._views.records(cid, messages, needed_from(state), describe)
+        pinned_tokens = None
+        if (
+            view.index is None
+            and view.base > 0
+            and not state.offset
+            and 0 < state.pinned <= len(messages)
+        ):
+            # Records read from past the pinned head (a restart, a first load in this
+            # process): their tokens count toward a token limit all the same.
+            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
+        p = plan(
+            self.policy,
+            state,
+            view.records,
+            base=view.base,
+            index=view.index,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+        )
+        if p.needs is not None and not p.rewritten:
+            # The window starts inside a turn whose opener is before what was read (the
+            # state does not store where it is: after a restart, a first load): read back
+            # to it once; the index the plan returns carries it from then on.
+            view = self._views.records(cid, messages, p.needs, describe)
+            p = plan(
+                self.policy,
+                state,
+                view.records,
+                base=view.base,
+                reserved=reserved,
+                pinned_tokens=pinned_tokens,
+            )
+        resynced = False
+        if p.rewritten:
+            logger.warning(
+                "demote: history of conversation %r no longer matches its demotion "
+                "state (%d messages, window started at %d); re-syncing",
+                cid,
+                len(messages),
+                state.window_start,
+            )
+            state = ConversationState(generation=state.generation + 1)
+            view = self._views.records(cid, messages, 0, describe)
+            reserved = given  # the fresh state has no summary
+            p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
+            resynced = True
+        view.index = p.index
+        target = self._advance(state, p, view)
+        if (
+            self.summarizer is not None
+            and isinstance(self.policy.eviction, Compact)
+            and p.window_start > max(state.window_start, p.pinned)
+        ):
+            logger.warning(
+                "demote: conversation %r reached limit + 2 x compact_count before a summary "
+                "was ready; falling back to bulk eviction (messages go to the hook)",
+                cid,
+            )
+        known = resynced or state.generation > 0
+        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
+
+    def _with_summary(self, state: ConversationState, reserved: int) -> int:
+        """``reserved`` plus the committed summary's tokens in a token window.
+
+        The summary is sent too (a system message, or the opener's progress note), so it
+        counts toward the limit like the rest of the request.
+        """
+        if state.summary is None or self.policy.unit != "tokens":
+            return reserved
+        text = render_summary(state.summary)
+        return reserved + self.tokens.count(fingerprint("system", text), text)
+
+    def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
+        """The state with the plan's window and clearing watermark applied.
+
+        ``delivered`` is the plan's ``deliver_from`` (the hook's watermark as the plan
+        reads it); it moves past it only for Noop, which accepts everything at once.
+        """
+        start = p.window_start
+        anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
+        delivered = p.deliver_from
+        if self._noop:  # it keeps nothing, so it accepts everything at once
+            delivered = max(delivered, p.deliver.stop)
+        cleared = max(state.cleared, p.cleared)
+        if (start, delivered, p.pinned, anchor, cleared) == (
+            state.window_start,
+            state.delivered,
+            state.pinned,
+            state.anchor,
+            state.cleared,
+        ):
+            return state
+        trail = (
+            state.trail if start == state.window_start else trail_at(state, start, p.pinned, view)
+        )
+        # dataclasses.replace, without its introspection (this runs on most turns)
+        return ConversationState(
+            start,
+            delivered,
+            p.pinned,
+            anchor,
+            state.summary,
+            state.summarized,
+            state.offset,
+            state.generation,
+            trail,
+            cleared,
+        )
+
+    def _unconfirmed(self, cid: str, work: Work) -> None:
+        if work.resynced:
+            # The view holds a history the committed state does not describe: a later
+            # load of it must not pass for a stale copy (whose window hides messages).
+            self._views.drop(cid, work.view)
+
+    # -- windows ----------------------------------------------------------------------------
+
+    def _window(
+        self,
+        cid: str,
+        work: Work,
+        state: ConversationState | None = None,
+        demoted: int = 0,
+    ) -> Window[Any]:
+        """The window ``work`` planned, with the watermark of ``state`` (or the target).
+
+        Pending: what the model is no longer sent in full (it left the window, or it is
+        sent as a placeholder) and the hook has not accepted. A placeholder is sent even
+        then: the bound wins, the content stays pending and is retried.
+        """
+        p, s = work.plan, state or work.target
+        pending = max(0, p.deliver.stop - max(s.delivered, p.pinned))
+        events = tuple(work.events) if work.events else ()
+        messages = work.messages
+        n = len(messages)
+        start = min(p.window_start, n)
+        if type(messages) is list:  # a list's slices are already fresh lists
+            head, kept = messages[: p.pinned], messages[start:]
+        else:
+            head, kept = list(messages[: p.pinned]), list(messages[start:])
+        if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
+            summary, delivered = s.summary, s.delivered
+            return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
+        if p.overhang:
+            events = (*events, self._overhang_event(cid, work))
+        placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
+        at = p.opener if p.opener is not None and p.opener < n else None
+        opener = None if at is None else messages[at]
+        return Window(
+            cid,
+            head,
+            s.summary,
+            kept,
+            start,
+            n,
+            demoted,
+            pending,
+            s.delivered,
+            events,
+            opener,
+            placeholders,
+            clipped,
+            p.overhang,
+            at,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def clear(self, conversation_id: str) -> None:
+        """Reset the conversation's demotion state (adapters call this when they clear).
+
+        The store keeps a tombstone one generation on and revokes the conversation's
+        lease, so a delivery still in flight for it, in any process, commits nothing.
+        What the hook already holds stays there (see ``erase`` to remove it).
+        """
+        drive_sync(self._reset(conversation_id, "clear"))
+
+    async def aclear(self, conversation_id: str) -> None:
+        """Async :meth:`clear`."""
+        await drive_async(self._reset(conversation_id, "clear"))
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop everything tracked for the conversation: its state row, lease and caches."""
+        drive_sync(self._reset(conversation_id, "delete"))
+
+    async def aforget(self, conversation_id: str) -> None:
+        """Async :meth:`forget`."""
+        await drive_async(self._reset(conversation_id, "delete"))
+
+    def erase(
+        self,
+        conversation_id: str,
+        *,
+        messages: Sequence[T] | None = None,
+        describe: Callable[[T], MessageRecord] | None = None,
+        wait: float | None = None,
+        also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
+    ) -> EraseReport:
+        """Forget the conversation everywhere: its state, and every tier behind the hook.
+
+        Unlike :meth:`clear`, what the hook already holds is deleted too (see
+        :mod:`demote.erase`). The adapters' ``erase`` also empties their inner store.
+
+        Args:
+            conversation_id: The conversation.
+            messages: Its current history, with ``describe``: the keys derived from it
+                are handed to tiers that delete by id (a LangChain vector store).
+            describe: How to describe one message (as for :meth:`load`).
+            wait: Seconds to wait for a delivery in flight to end (``lease_ttl`` by
+                default) before taking over (see :attr:`EraseReport.took_over`).
+            also: Other holders of the conversation, erased like the hook after it (its
+                tiers reported after the hook's): the adapters pass their ``capture``.
+            keys: Dedup keys to hand the tiers as well, for a caller that derives them
+                itself (an agent thread whose front was pruned).
+
+        Returns:
+            What each tier did.
+        """
+        return drive_sync(self._erase(conversation_id, messages, describe, wait, also, keys))
+
+    async def aerase(
+        self,
+        conversation_id: str,
+        *,
+        messages: Sequence[T] | None = None,
+        describe: Callable[[T], MessageRecord] | None = None,
+        wait: float | None = None,
+        also: Sequence[object] = (),
+        keys: Sequence[str] | None = None,
+    ) -> EraseReport:
+        """Async :meth:`erase` (stores and tiers are awaited)."""
+        flow = self._erase(conversation_id, messages, describe, wait, also, keys)
+        return await drive_async(flow)
+
+    def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
+        cid = validate_conversation_id(conversation_id)
+        if how == "clear" and not callable(getattr(self.state, "clear", None)):
+            how = "delete"  # a store from before tombstones
+        with self._lock:
+            self._gates.pop(cid, None)
+            self._compacting.pop(cid, None)
+            if self._direct:  # in the same step, so no commit of a taken gate lands after
+                getattr(self.state, how)(cid)
+        self._views.forget(cid)
+        self._retry.succeeded(cid)
+        if not self._direct:
+            yield from self._store(how, cid)
+
+    def seed(self, conversation_id: str, state: ConversationState) -> bool:
+        """Replace the conversation's committed state with ``state``; ``True`` if stored.
+
+        For adapters that keep their own record of what the hook accepted (the agents
+        middleware's pruned prefix). One compare-and-set from the state read just before:
+        ``False`` if a load committed in between (then nothing changed).
+        """
+        return drive_sync(self._seed(conversation_id, state))
+
+    async def aseed(self, conversation_id: str, state: ConversationState) -> bool:
+        """Async :meth:`seed`."""
+        return await drive_async(self._seed(conversation_id, state))
+
+    def _seed(self, conversation_id: str, state: ConversationState) -> Flow[bool]:
+        cid = validate_conversation_id(conversation_id)
+        if not isinstance(state, ConversationState):
+            raise ConfigError(f"state: expected a ConversationState, got {type(state).__name__}")
+        current = yield from self._store("get", cid)
+        return bool((yield from self._store("compare_and_set", cid, current, state)))
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for background work started by sync loads (summaries); ``True`` if idle.
+
+        Async loads run their background work as tasks: await :meth:`adrain` instead.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._background_lock:
+                threads = [t for t in self._background if isinstance(t, threading.Thread)]
+            if not threads:
+                return True
+            for thread in threads:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
+                if thread.is_alive():
+                    return False
+
+    async def adrain(self, timeout: float | None = None) -> bool:
+        """Await background tasks started by async loads (and threads of sync loads)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._background_lock:
+                tasks = [t for t in self._background if isinstance(t, asyncio.Task)]
+            if not tasks:
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            if pending:
+                return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await asyncio.to_thread(self.drain, left)
+
+    def tracked_conversations(self) -> int:
+        """How many conversations have demotion state."""
+        return self.state.count()
+
+    def state_of(self, conversation_id: str) -> ConversationState:
+        """The committed state of a conversation (a fresh one if it has none)."""
+        cid = validate_conversation_id(conversation_id)
+        return self.state.get(cid) or ConversationState()
+
+    async def astate_of(self, conversation_id: str) -> ConversationState:
+        """Async :meth:`state_of`."""
+        cid = validate_conversation_id(conversation_id)
+        return (await drive_async(self._store("get", cid))) or ConversationState()
+
+    # -- observability ---------------------------------------------------------------------
+
+    def observe(self, fn: Observer) -> Callable[[], None]:
+        """Call ``fn(event)`` for every :class:`~demote.events.DemoteEvent` from now on.
+
+        Observers run on one daemon thread of this Demoter's, in order: a load never waits
+        for them, and one that raises is logged, never raised. Returns a function that
+        unsubscribes ``fn``.
+        """
+        return self._observers.add(fn)
+
+    def emit(self, *events: DemoteEvent) -> None:
+        """Hand events made outside the engine (an adapter's recall) to the observers."""
+        self._observers.publish(events)
+
+    def stats(self) -> DemoterStats:
+        """What this Demoter did since it was made (counts of this process)."""
+        tally = self._tally
+        conversations = self.state.count()
+        with tally.lock:
+            error, at = tally.last_error or (None, None)
+            return DemoterStats(
+                conversations=conversations,
+                loads=tally.loads,
+                delivered=tally.delivered,
+                pending=sum(tally.pending.values()),
+                failures=tally.failures,
+                last_error=error,
+                last_error_at=at,
+                summaries=tally.summaries,
+                resyncs=tally.resyncs,
+                degraded=tally.degraded,
+            )
+
+    def conversation_stats(self, conversation_id: str) -> ConversationStats:
+        """One conversation's watermarks, pending messages and delivery health."""
+        cid = validate_conversation_id(conversation_id)
+        state = self.state.get(cid) or FRESH
+        return self._conversation_stats(cid, state)
+
+    async def aconversation_stats(self, conversation_id: str) -> ConversationStats:
+        """Async :meth:`conversation_stats` (the store is awaited)."""
+        cid = validate_conversation_id(conversation_id)
+        state = (await drive_async(self._store("get", cid))) or FRESH
+        return self._conversation_stats(cid, state)
+
+    def _conversation_stats(self, cid: str, state: ConversationState) -> ConversationStats:
+        pending = max(0, state.window_start - max(state.delivered, state.pinned))
+        error, at = self._tally.errors.get(cid) or (None, None)
+        return ConversationStats(
+            conversation_id=cid,
+            window_start=state.window_start,
+            delivered=state.delivered,
+            pending=pending,
+            summarized=state.summarized,
+            failures=self._retry.failures(cid),
+            retry_in=self._retry.wait(cid),
+            last_error=error,
+            last_error_at=at,
+        )
+
+    def close(self) -> None:
+        """Stop the engine's threads (hook calls still running finish on their own)."""
+        self._keeper.close()
+        self._runner.close()

@@ -1,0 +1,206 @@
+"""The window's arithmetic over a :class:`~demote.window._groups.GroupIndex` (pure, no I/O).
+
+Given the index of the window region ``[S, end)``, :func:`cut` answers, by bisection over
+the index's cumulative sums:
+
+1. *clearing* (with ``policy.clearing``): once the tool results shown in the region pass
+   ``trigger`` tokens, the clearing watermark moves over the oldest clearable results, at
+   least ``clear_at_least`` tokens' worth and enough to get back under the trigger, never
+   over the newest ``keep``. Fewer than ``clear_at_least`` available: nothing is cleared
+   yet (clearing less would break the cached prefix for little);
+2. *eviction* on what is left: the candidate window starts are the group starts, then the
+   step starts of the newest group. The size of a window starting at a candidate is
+   ``fixed`` (pinned messages and ``reserved``, token unit only) + the shown cost from the
+   candidate on + the turn's opener when the candidate is inside a turn. That size never
+   grows from one candidate to the next (the opener costs no more than the group head it
+   stands for), so "the oldest start that fits" is a bisection;
+3. the placeholders, clipped results, the delivery bound and the overhang of the result.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from demote.window._groups import GroupIndex
+from demote.window.clearing import DEFAULT_HEAD_TOKENS, ResultCosts
+from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+
+__all__ = ["Cut", "cut", "result_costs"]
+
+
+def result_costs(policy: SlidingWindow) -> ResultCosts:
+    """How ``policy`` counts each message: clipping (and whether clearing may apply)."""
+    clearing = policy.clearing
+    if clearing is None:
+        clip = policy.limit // 2 if policy.unit == "tokens" else None
+        return ResultCosts(clip, DEFAULT_HEAD_TOKENS)
+    clip = clearing.max_result_tokens
+    if clip is None and policy.unit == "tokens":
+        clip = policy.limit // 2
+    return ResultCosts(clip, clearing.head_tokens, True, frozenset(clearing.exclude))
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Where the window starts and what it shows (see the matching :class:`Plan` fields)."""
+
+    window_start: int
+    size: int
+    compact: tuple[int, int] | None = None
+    opener: int | None = None
+    cleared: int = 0
+    placeholders: tuple[int, ...] = ()
+    clipped: tuple[int, ...] = ()
+    deliver_to: int = 0
+    overhang: int = 0
+
+
+def _cleared(clearing: ClearToolResults, idx: GroupIndex, start: int, watermark: int) -> int:
+    """The clearing watermark after this load's clearing stage."""
+    pos = idx.clear_pos
+    w0 = max(watermark, start)
+    shown = idx.tool_tokens - idx.tools_at[0]
+    if w0 > start:
+        shown -= idx.saved_before(w0) - idx.saved_before(start)
+    if shown <= clearing.trigger:
+        return watermark
+    p0 = bisect_left(pos, w0)
+    top = len(pos) - clearing.keep
+    if top <= p0:
+        return watermark
+    before = idx.clear_before
+    have = before[p0]
+    available = (before[top] if top < len(pos) else idx.savings) - have
+    if available < clearing.clear_at_least:
+        return watermark
+    need = max(clearing.clear_at_least, shown - clearing.trigger)
+    # The fewest oldest results that save ``need`` (all that may go, if they save less).
+    p1 = bisect_left(before, have + need, p0 + 1, top)
+    return max(watermark, pos[p1 - 1] + 1)
+
+
+class _Sizes:
+    """The size of the window starting at each candidate start, in the policy's unit."""
+
+    __slots__ = ("end", "fixed", "idx", "jl", "n", "unit", "watermark")
+
+    def __init__(self, idx: GroupIndex, unit: str, fixed: int, watermark: int) -> None:
+        self.idx, self.unit, self.fixed, self.watermark = idx, unit, fixed, watermark
+        self.end = idx.end
+        groups = len(idx.starts)
+        if unit == "turns":  # a turn cut inside still counts as one: never cut inside
+            self.jl = len(idx.cuts)
+            self.n = groups
+        else:  # whole groups, then the steps of the newest group
+            self.jl = bisect_left(idx.cuts, idx.starts[-1])
+            self.n = groups - 1 + len(idx.cuts) - self.jl
+
+    def at(self, t: int) -> tuple[int, int, int]:
+        """Candidate ``t``: (absolute start, its group, cumulative cost there)."""
+        idx = self.idx
+        last = len(idx.starts) - 1
+        if t < last or self.unit == "turns":
+            return idx.starts[t], t, idx.tokens_at[t]
+        j = self.jl + t - last
+        return idx.cuts[j], last, idx.cuts_at[j]
+
+    def inside(self, pos: int, group: int) -> bool:
+        """Does a window starting at ``pos`` need its turn's opener in front?"""
+        idx = self.idx
+        return pos != idx.starts[group] or (group == 0 and not idx.lead_user)
+
+    def size(self, t: int) -> int:
+        idx = self.idx
+        pos, group, cum = self.at(t)
+        if self.unit == "turns":
+            return len(idx.starts) - group
+        inside = self.inside(pos, group)
+        opener, opener_tokens = idx.opener_of(group) if inside else (None, 0)
+        if self.unit == "messages":
+            return self.end - pos + (opener is not None)
+        shown = idx.tokens - cum
+        if self.watermark > pos:
+            shown -= idx.saved_before(self.watermark) - idx.saved_before(pos)
+        return self.fixed + shown + opener_tokens
+
+    def fit(self, limit: int) -> int:
+        """The oldest candidate whose window is within ``limit`` (else the newest)."""
+        lo, hi = 0, self.n - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.size(mid) <= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+def _compact(idx: GroupIndex, unit: str, k: int) -> tuple[int, int] | None:
+    """The oldest whole groups (or, in a lone turn, steps) worth at least ``k`` units."""
+    starts = idx.starts
+    if len(starts) > 1:
+        cum, _ = idx.cumulative(unit)
+        covered = min(bisect_left(cum, cum[0] + k), len(starts) - 1)
+        return (idx.start, starts[covered]) if covered else None
+    if unit == "turns":
+        return None
+    cuts = idx.cuts
+    first = 1 if idx.lead_user else 0  # the opener is never summarized
+    if first >= len(cuts) - 1:
+        return None
+    cum = idx.cuts_at if unit == "tokens" else cuts
+    covered = min(bisect_left(cum, cum[first] + k, first + 1), len(cuts) - 1)
+    return cuts[first], cuts[covered]
+
+
+def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> Cut:
+    """Clear, then cut the window region ``idx`` describes (see the module docstring).
+
+    Args:
+        policy: The window policy.
+        idx: The index of the region, under ``result_costs(policy)``.
+        fixed: Tokens counted whatever the cut (pinned messages, ``reserved``).
+        watermark: The committed clearing watermark.
+    """
+    start, end = idx.start, idx.end
+    unit = policy.unit
+    fixed = fixed if unit == "tokens" else 0
+    if start >= end:
+        over = max(0, fixed - policy.limit)
+        return Cut(start, fixed, cleared=watermark, deliver_to=start, overhang=over)
+    clearing = policy.clearing
+    if clearing is not None:
+        watermark = _cleared(clearing, idx, start, watermark)
+    sizes = _Sizes(idx, unit, fixed, watermark)
+    limit = policy.limit
+    eviction = policy.eviction
+    total = sizes.size(0)
+    t = 0
+    compact: tuple[int, int] | None = None
+    if isinstance(eviction, PerItem):
+        if total > limit:
+            t = sizes.fit(limit)
+    elif isinstance(eviction, Bulk):
+        if total > limit + eviction.overflow:
+            t = sizes.fit(limit)
+    elif isinstance(eviction, Compact):
+        k = eviction.compact_count
+        if total > limit + 2 * k:
+            t = sizes.fit(limit)
+        elif total > limit + k:
+            compact = _compact(idx, unit, k)
+    pos, group, _ = sizes.at(t)
+    opener = idx.opener_of(group)[0] if sizes.inside(pos, group) else None
+    lo = bisect_left(idx.clear_pos, pos)
+    placeholders = idx.clear_pos[lo : bisect_left(idx.clear_pos, watermark, lo)]
+    clips = idx.clip_pos[bisect_left(idx.clip_pos, pos) :]
+    if placeholders and clips and clips[0] <= placeholders[-1]:
+        shown = set(placeholders)
+        clips = tuple(i for i in clips if i not in shown)
+    deliver_to = max(
+        pos, placeholders[-1] + 1 if placeholders else 0, clips[-1] + 1 if clips else 0
+    )
+    overhang = max(0, sizes.size(sizes.n - 1) - limit)
+    size = total if t == 0 else sizes.size(t)
+    return Cut(pos, size, compact, opener, watermark, placeholders, clips, deliver_to, overhang)

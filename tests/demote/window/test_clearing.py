@@ -1,0 +1,102 @@
+"""Clearing and clipping, by example: an agent's long request, and one huge tool result."""
+
+from __future__ import annotations
+
+from demote.records import ConversationState, MessageRecord
+from demote.window.clearing import PLACEHOLDER_TOKENS, ResultCosts
+from demote.window.planner import needed_from, plan
+from demote.window.policy import ClearToolResults, SlidingWindow
+from tests.strategies import Msg, advance, check_valid, record_of
+
+
+def agent_run(steps: int, result_chars: int) -> list[MessageRecord]:
+    """A system prompt, one request, and ``steps`` tool steps of one call each."""
+    msgs = [Msg("system", "You are an agent."), Msg("user", "Fix the failing test.")]
+    for i in range(steps):
+        msgs.append(Msg("assistant", f"step {i}", opens=(f"c{i}",)))
+        msgs.append(Msg("tool", f"c{i} " + "x" * result_chars, answers=f"c{i}", tool="shell"))
+    return [record_of(m) for m in msgs]
+
+
+def replay(policy: SlidingWindow, records: list[MessageRecord], reserved: int = 0) -> list:
+    """Plan after every step like the engine (index handed back, deliveries succeed)."""
+    state, index, plans = ConversationState(), None, []
+    for end in range(2, len(records) + 1):
+        lo = needed_from(state)
+        p = plan(policy, state, records[lo:end], base=lo, index=index, reserved=reserved)
+        check_valid(records[:end], p)
+        plans.append(p)
+        index, state = p.index, advance(state, p, records[:end])
+    return plans
+
+
+def test_a_30_step_request_stays_within_3000_tokens_at_every_call() -> None:
+    """The issue's agent: 30 results of ~1,450 tokens under last_tokens(3000)."""
+    records = agent_run(30, 5800)
+    assert records[3].tokens > 1450
+    for policy in (
+        SlidingWindow.last_tokens(3000),
+        SlidingWindow(unit="tokens", limit=3000, clearing=ClearToolResults(trigger=2000, keep=1)),
+    ):
+        plans = replay(policy, records, reserved=200)
+        for p in plans:
+            assert p.size <= 3000 + p.overhang
+            assert p.overhang == 0
+        last = plans[-1]
+        assert last.opener == 1, "the task stays in front of the kept steps"
+        assert records[last.window_start].role == "assistant"
+        assert last.window_start > 2, "old steps left the window"
+    # With clearing, more steps stay visible (as placeholders) than without.
+    plain = replay(SlidingWindow.last_tokens(3000), records, 200)[-1]
+    cleared = replay(
+        SlidingWindow(unit="tokens", limit=3000, clearing=ClearToolResults(trigger=2000, keep=1)),
+        records,
+        200,
+    )[-1]
+    assert cleared.window_start < plain.window_start
+    assert cleared.placeholders and all(i < cleared.deliver_to for i in cleared.placeholders)
+
+
+def test_a_21000_token_result_is_clipped_to_its_head() -> None:
+    records = agent_run(1, 84_000)
+    assert records[3].tokens > 21_000
+    policy = SlidingWindow.last_tokens(4000)  # clipping needs no clearing stage
+    p = plan(policy, ConversationState(), records)
+    assert p.clipped == (3,)
+    head = 200 + PLACEHOLDER_TOKENS
+    assert p.size == sum(r.tokens for r in records[:3]) + head
+    assert p.window_start == 1 and p.overhang == 0
+    assert p.deliver_to == 4 and list(p.deliver) == [1, 2, 3]  # archived whole first
+    # Under 500 tokens, the opener, call and clipped result alone are over: reported.
+    small = plan(SlidingWindow.last_tokens(200), ConversationState(), records)
+    assert small.clipped == (3,) and small.overhang == small.size - 200 > 0
+
+
+def test_excluded_tools_and_the_newest_results_are_never_cleared() -> None:
+    msgs = [Msg("user", "go")]
+    for i in range(6):
+        msgs.append(Msg("assistant", f"s{i}", opens=(f"c{i}",)))
+        tool = "memory" if i == 0 else "shell"
+        msgs.append(Msg("tool", f"c{i} " + "y" * 800, answers=f"c{i}", tool=tool))
+    records = [record_of(m) for m in msgs]
+    clearing = ClearToolResults(trigger=0, keep=2, exclude=("memory",), clear_at_least=1)
+    p = plan(
+        SlidingWindow(unit="tokens", limit=10**6, clearing=clearing), ConversationState(), records
+    )
+    assert p.placeholders == (4, 6, 8)  # not 2 (memory), not 10 and 12 (the newest two)
+    assert p.cleared == 9 and p.deliver_to == 9
+    # Below clear_at_least, nothing is cleared yet (the prefix stays for a while).
+    lazy = clearing.model_copy(update={"clear_at_least": 10**6})
+    q = plan(SlidingWindow(unit="tokens", limit=10**6, clearing=lazy), ConversationState(), records)
+    assert q.placeholders == () and q.cleared == 0
+
+
+def test_result_costs_count_placeholders_and_heads() -> None:
+    costs = ResultCosts(clip_over=100, head_tokens=20, clearing=True, exclude=frozenset({"m"}))
+    big = record_of(Msg("tool", "z" * 2000, answers="a", tool="x"))
+    assert costs.cost(big) == 20 + PLACEHOLDER_TOKENS and costs.clipped(big)
+    assert costs.saving(big, costs.cost(big)) == 20
+    tiny = record_of(Msg("tool", "z", answers="a", tool="x"))
+    assert costs.saving(tiny, costs.cost(tiny)) == 0  # a placeholder would be larger
+    excluded = record_of(Msg("tool", "z" * 2000, answers="a", tool="m"))
+    assert costs.saving(excluded, costs.cost(excluded)) == 0
