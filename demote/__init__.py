@@ -55,7 +55,7 @@ from demote.state import (
 )
 from demote.summarize import ModelSummarizer, TemplateSummarizer
 from demote.window.planner import Plan, plan
-from demote.window.policy import Bulk, Compact, PerItem, SlidingWindow
+from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
 
 __all__ = [
     "ArgumentTypeError",
@@ -65,6 +65,7 @@ __all__ = [
     "Bulk",
     "CallbackHook",
     "CapturedTurn",
+    "ClearToolResults",
     "Compact",
     "ConfigError",
     "ConversationIdError",

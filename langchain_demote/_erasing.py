@@ -10,20 +10,20 @@ in every namespace), then the engine erases the state and every tier.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
+from demote.engine import Demoter
 from demote.engine._erase_flow import Twin, erase_conversation
 from demote.engine._flow import Flow
 from demote.erase import EraseReport
 from demote.errors import ConfigError
+from demote.records import MessageRecord
 from demote.state.base import validate_conversation_id
 from langchain_demote._pruning import PRUNED_KEY
-
-if TYPE_CHECKING:
-    from langchain_demote.middleware import DemotingMiddleware
 
 __all__ = ["erase_thread", "thread_messages"]
 
@@ -40,7 +40,9 @@ def thread_messages(saved: CheckpointTuple | None) -> list[tuple[int, BaseMessag
 
 
 def erase_thread(
-    middleware: DemotingMiddleware,
+    demoter: Demoter,
+    describe: Callable[[BaseMessage], MessageRecord],
+    named: bool,
     thread_id: str,
     checkpointer: BaseCheckpointSaver[Any] | None,
     conversation_id: str | None,
@@ -53,7 +55,7 @@ def erase_thread(
             callable and no ``conversation_id`` was given, or ``checkpointer`` is not a
             LangGraph checkpointer.
     """
-    if conversation_id is None and middleware.conversation_id is not None:
+    if conversation_id is None and named:
         raise ConfigError(
             "erase: this middleware names conversations with conversation_id=...; "
             "pass the conversation's id: erase(thread_id, conversation_id=...)"
@@ -63,7 +65,6 @@ def erase_thread(
     else:
         cid = validate_conversation_id(conversation_id)
         validate_conversation_id(thread_id, "thread_id")
-    demoter, describe = middleware.demoter, middleware._describe
     if checkpointer is None:
         return erase_conversation(
             demoter, cid, describe, read=Twin(list, _nothing), clear=None, wait=wait

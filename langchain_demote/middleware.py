@@ -119,6 +119,7 @@ from langgraph.runtime import Runtime
 
 from demote._validate import count
 from demote.engine import Demoter, Window
+from demote.engine._flow import Flow as EraseFlow
 from demote.engine._flow import drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
@@ -375,7 +376,19 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         Raises:
             ConfigError: A custom ``conversation_id`` callable and no ``conversation_id``.
         """
-        return drive_sync(erase_thread(self, thread_id, checkpointer, conversation_id, wait))
+        return drive_sync(self._erasing(thread_id, checkpointer, conversation_id, wait))
+
+    def _erasing(
+        self,
+        thread_id: str,
+        checkpointer: BaseCheckpointSaver[Any] | None,
+        conversation_id: str | None,
+        wait: float | None,
+    ) -> EraseFlow[EraseReport]:
+        named = self.conversation_id is not None
+        return erase_thread(
+            self.demoter, self._describe, named, thread_id, checkpointer, conversation_id, wait
+        )
 
     async def aerase(
         self,
@@ -386,8 +399,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         wait: float | None = None,
     ) -> EraseReport:
         """Async :meth:`erase` (``aget_tuple``, ``adelete_thread``, the engine's ``aerase``)."""
-        flow = erase_thread(self, thread_id, checkpointer, conversation_id, wait)
-        return await drive_async(flow)
+        return await drive_async(self._erasing(thread_id, checkpointer, conversation_id, wait))
 
     # -- shared logic ------------------------------------------------------------------------
 

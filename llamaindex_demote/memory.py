@@ -74,7 +74,7 @@ from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.instrumentation import dispatcher, emit_events
 from llamaindex_demote.messages import core_role, to_core
 
-__all__ = ["DemotingMemory"]
+__all__ = ["DemotingMemory", "restore_pickled"]
 
 #: Share of an LLM's context window used for the window when only ``llm=`` sizes it
 #: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
@@ -269,7 +269,7 @@ class DemotingMemory(BaseChatStoreMemory):
             ConfigError: The demoter (recall, capture) is not registered by name, or the
                 chat store is neither a ``SimpleChatStore`` nor registered.
         """
-        return persist.dump(self)
+        return self._dump(store_as_json=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **kwargs: Any) -> DemotingMemory:
@@ -287,7 +287,16 @@ class DemotingMemory(BaseChatStoreMemory):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle by reference: the chat store as an object, live parts by name."""
-        return (persist.restore_pickled, (persist.dump(self, store_as_json=False),))
+        return (restore_pickled, (self._dump(store_as_json=False),))
+
+    def _dump(self, *, store_as_json: bool) -> dict[str, Any]:
+        return persist.dump(
+            self.class_name(),
+            self.chat_store,
+            self.chat_store_key,
+            self._p,
+            store_as_json=store_as_json,
+        )
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -547,3 +556,8 @@ class DemotingMemory(BaseChatStoreMemory):
 
     async def _aheld(self) -> list[tuple[int, ChatMessage]]:
         return list(enumerate(await self.aget_all()))
+
+
+def restore_pickled(data: dict[str, Any]) -> DemotingMemory:
+    """Rebuild a pickled memory (``DemotingMemory.__reduce__`` names this function)."""
+    return DemotingMemory(**persist.load(data))

@@ -23,7 +23,7 @@ be referred to at all raises when saving. Either way no broken copy is ever made
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
@@ -32,10 +32,23 @@ from demote.engine import Demoter
 from demote.errors import ConfigError
 from demote.registry import lookup, name_for, name_of
 
-if TYPE_CHECKING:
-    from llamaindex_demote.memory import DemotingMemory
 
-__all__ = ["dump", "load", "restore_pickled"]
+class SavedParts(Protocol):
+    """The live parts of a memory that :func:`dump` saves by name."""
+
+    @property
+    def demoter(self) -> Demoter: ...  # noqa: D102
+    @property
+    def recall(self) -> Any: ...  # noqa: D102
+    @property
+    def recall_k(self) -> int: ...  # noqa: D102
+    @property
+    def recall_budget_tokens(self) -> int | None: ...  # noqa: D102
+    @property
+    def capture(self) -> Any: ...  # noqa: D102
+
+
+__all__ = ["SavedParts", "dump", "load"]
 
 #: Format of a saved memory (raise it on an incompatible change).
 VERSION = 1
@@ -84,22 +97,34 @@ def _store_from_json(data: Any) -> BaseChatStore:
     raise ConfigError(f"DemotingMemory.from_dict: chat_store: unreadable {data!r:.120}")
 
 
-def dump(memory: DemotingMemory, *, store_as_json: bool = True) -> dict[str, Any]:
-    """What ``memory`` is saved as (JSON-ready when ``store_as_json``).
+def dump(
+    class_name: str,
+    store: BaseChatStore,
+    chat_store_key: str,
+    parts: SavedParts,
+    *,
+    store_as_json: bool = True,
+) -> dict[str, Any]:
+    """What a memory is saved as (JSON-ready when ``store_as_json``).
+
+    Args:
+        class_name: The memory's ``class_name()``.
+        store: Its chat store.
+        chat_store_key: Its conversation key.
+        parts: Its live parts (demoter, recall, capture), saved by name.
+        store_as_json: Save an unnamed ``SimpleChatStore``'s messages as JSON.
 
     Raises:
         ConfigError: A part cannot be saved (see the module docstring).
     """
-    parts = memory._p
     recall: Any = None
     if parts.recall is not None:
         recall = _HOOK if parts.recall is parts.demoter.hook else _named(parts.recall, "recall")
-    store = memory.chat_store
     return {
-        "class_name": memory.class_name(),
+        "class_name": class_name,
         "version": VERSION,
         "chat_store": _store_json(store) if store_as_json else store,
-        "chat_store_key": memory.chat_store_key,
+        "chat_store_key": chat_store_key,
         "demoter": _named(parts.demoter, "demoter"),
         "recall": recall,
         "recall_k": parts.recall_k,
@@ -145,10 +170,3 @@ def load(data: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     }
     kwargs.update(given)
     return kwargs
-
-
-def restore_pickled(data: dict[str, Any]) -> DemotingMemory:
-    """Rebuild a pickled memory (``DemotingMemory.__reduce__`` names this function)."""
-    from llamaindex_demote.memory import DemotingMemory
-
-    return DemotingMemory(**load(data))
