@@ -443,7 +443,9 @@ def test_no_query_or_key_reads_another_conversation(
 ) -> None:
     text = drive_sync(answer(two_tenants, "a", RecallOptions(), query=query, key=key))
     blocks = [line for line in text.splitlines() if line.startswith("[")]
-    assert all(line.startswith("[tool] a alpha") for line in blocks), text
+    # Each hit's header is its role and, once the archive records it, its time.
+    assert all(line.startswith("[tool") and "] a alpha" in line for line in blocks), text
+    assert not any("zulu" in line for line in blocks), text
     if key in ("a3",) or (key is None and "alpha2" in query):
         assert blocks  # the conversation's own messages are found
 

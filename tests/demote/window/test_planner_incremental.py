@@ -219,7 +219,7 @@ def test_incremental_plan_equals_plan_from_scratch(
             # Only a window committed before a late answer arrived (a user interjected
             # between a call and its result): the index names the interjection as the
             # turn's opener, a pass from the start the user message before the call.
-            assert p.opener != whole.opener or p.index.opener != whole.index.opener
+            assert p.opener != whole.opener or p.index.opener != whole.index.opener, repr((p, whole, state))
             ws = state.window_start
             before = {c for r in history[:ws] for c in r.opens}
             assert any(r.answers in before for r in history[ws:])
