@@ -284,9 +284,13 @@ def plan(
     # 4. Clearing, then the strategy's cut, by bisection over the cumulative sizes.
     fixed = (pinned_tokens or 0) + reserved
     c = cut(policy, groups, fixed, state.cleared)
-    if needs is not None and pinned_tokens is not None and (
-        c.opener is not None
-        or (c.window_start < end and records[c.window_start - base].role == "user")
+    if (
+        needs is not None
+        and pinned_tokens is not None
+        and (
+            c.opener is not None
+            or (c.window_start < end and records[c.window_start - base].role == "user")
+        )
     ):
         needs = None  # the cut left the turn whose opener was out of reach
     # Nothing demoted: what was delivered is the pinned head (recounted), unless clearing

@@ -321,7 +321,9 @@ def test_planner_reads_nothing_before_needed_from(r: Replay, whole: bool) -> Non
             if p != step.plan:  # only when the opener is out of reach
                 ws = step.before.window_start
                 assert p.needs == 0 and r.records[ws].role != "user"
-                assert step.plan.opener is None or step.plan.opener < lo, repr((p, step.plan, step.before))
+                assert step.plan.opener is None or step.plan.opener < lo, repr(
+                    (p, step.plan, step.before)
+                )
 
 
 def test_cost_does_not_grow_with_history() -> None:
