@@ -386,6 +386,14 @@ def test_sqlite_fetch_is_scoped_and_reads_a_whole_message_column(tmp_path: Path)
         assert render_fetched(found, 100) == "[tool, 2026-12-01 12:35] read_file → the result"
 
 
+async def _afetch_then_close(archive: Any, conversation_id: str, key: str) -> Any:
+    # The async pool belongs to this loop: close it on the loop before asyncio.run ends.
+    try:
+        return await archive.afetch(conversation_id, key)
+    finally:
+        await archive.aclose()
+
+
 def test_postgres_fetch_is_scoped_and_reads_a_whole_message_column(postgres_url: str) -> None:
     import psycopg
 
@@ -400,7 +408,10 @@ def test_postgres_fetch_is_scoped_and_reads_a_whole_message_column(postgres_url:
         assert archive.fetch("a", "k-a") == Recalled("tool", "the result", 4, "k-a")
         assert archive.fetch("a", "k-b") is None and archive.fetch("b", "k-a") is None
         assert archive.fetch("a", "k-a\x00") is None
-        assert asyncio.run(archive.afetch("b", "k-b")) == Recalled("tool", "b's result", 4, "k-b")
+        assert asyncio.run(_afetch_then_close(archive, "b", "k-b")) == Recalled(
+            "tool", "b's result", 4, "k-b"
+        )
+        archive = PostgresArchive(postgres_url, table=table)  # closed with its async pool
         with pytest.raises(ArgumentTypeError, match=r"^key:"):
             archive.fetch("a", 3)  # type: ignore[arg-type]
         data = {"role": "tool", "text": "the result", "tool": "grep"}
