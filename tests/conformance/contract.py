@@ -145,8 +145,15 @@ def check_window(
     assert window[:pinned] == history[:pinned], "pinned system messages must lead the window"
     kept = window[pinned:]
     start = len(history) - len(kept)
+    if kept != history[start:] and len(kept) > 1 and kept[0][0] == "user":
+        # The window starts inside a turn: the turn's opener leads its newest steps.
+        start = len(history) - (len(kept) - 1)
+        assert kept[0] in history[pinned:start], "the opener comes from earlier in the turn"
+        assert kept[1:] == history[start:], "the steps must be a suffix of the history"
     assert start >= pinned
-    assert kept == history[start:], "the window must be a suffix of the history"
+    assert kept[-(len(history) - start) :] == history[start:] if start < len(history) else True, (
+        "the window must be a suffix of the history"
+    )
     if len(history) > pinned:
         assert kept, "the newest message is always in the window"
     if start > pinned:
