@@ -65,10 +65,19 @@ def contract_planner(extra: Extra, seen: list[int] | None = None) -> Callable[..
         base: int = 0,
         index: Any = None,
         reserved: int = 0,
+        pinned_tokens: int | None = None,
     ) -> Plan:
         if seen is not None:
             seen.append(reserved)
-        p = real_plan(policy, state, records, base=base, index=index, reserved=reserved)
+        p = real_plan(
+            policy,
+            state,
+            records,
+            base=base,
+            index=index,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+        )
         if p.rewritten:
             return p
         fields = extra(state, records, base, p)
