@@ -3,7 +3,15 @@
 An asyncio client (a ``redis.asyncio`` connection pool, a psycopg ``AsyncConnectionPool``)
 belongs to the loop it first ran on. A store used from several loops (each test's own
 loop, LlamaIndex's sync API running a fresh loop per call) gets one per loop, made on
-first use there and dropped with the loop.
+first use there.
+
+Each client made here has a *keeper*: a task of its loop that only waits, and closes the
+client when it is cancelled. ``asyncio.run`` cancels every task when its main coroutine
+ends, so a loop that ends without anybody closing the store still closes the client on
+that loop, before the loop is gone. Without it a psycopg pool caught mid-connect at that
+moment hangs ``asyncio.run``: its connect turns the cancellation into a connection error,
+and its worker goes back to waiting for work nobody sends. Closing the pool sends it the
+stop it waits for. Closing the store (``close``, ``aclose``) cancels the keepers.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ class PerLoop(Generic[T]):
     Args:
         make: Builds the client; awaited once per loop (concurrent first calls on one
             loop share the same build).
-        close: Closes a client, awaited on its own loop.
+        close: Closes a client, awaited on its own loop (by its keeper: see the module).
     """
 
     def __init__(
@@ -38,8 +46,10 @@ class PerLoop(Generic[T]):
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[T]] = (
             weakref.WeakKeyDictionary()
         )
+        self._keepers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.Task[None]
+        ] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self._closing: set[asyncio.Task[None]] = set()
 
     async def get(self) -> T:
         """This loop's client, made on first use."""
@@ -49,7 +59,7 @@ class PerLoop(Generic[T]):
             with self._lock:
                 task = self._by_loop.get(loop)
                 if task is None:
-                    task = self._by_loop[loop] = loop.create_task(self._make())
+                    task = self._by_loop[loop] = loop.create_task(self._start(loop))
         try:
             return await asyncio.shield(task) if not task.done() else task.result()
         except BaseException:
@@ -59,35 +69,55 @@ class PerLoop(Generic[T]):
                         del self._by_loop[loop]  # the next call tries again
             raise
 
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> T:
+        client = await self._make()
+        keeper = loop.create_task(self._keep(client), name="demote-client-keeper")
+        with self._lock:
+            self._keepers[loop] = keeper
+        return client
+
+    async def _keep(self, client: T) -> None:
+        """Wait until cancelled (the store closed, or the loop ending), then close."""
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await self._close(client)
+
     async def close_current(self) -> None:
         """Close this loop's client, if it has one."""
+        loop = asyncio.get_running_loop()
         with self._lock:
-            task = self._by_loop.pop(asyncio.get_running_loop(), None)
-        if task is not None:
+            task = self._by_loop.pop(loop, None)
+            keeper = self._keepers.pop(loop, None)
+        if task is not None and not task.done():
             try:
-                client = await task
+                await task
             except Exception:
                 return  # it never opened
-            await self._close(client)
+            with self._lock:
+                keeper = self._keepers.pop(loop, keeper)
+        if keeper is not None and not keeper.done():
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
 
     def close_all(self) -> None:
         """Close every loop's client from sync code: scheduled on loops still open."""
         with self._lock:
-            tasks = list(self._by_loop.values())
+            tasks = list(self._by_loop.items())
+            keepers = dict(self._keepers)
             self._by_loop.clear()
-        for task in tasks:
-            loop = task.get_loop()
+            self._keepers.clear()
+        for loop, task in tasks:
             if loop.is_closed():
                 continue  # its sockets went with it
+            keeper = keepers.get(loop)
             try:
-                loop.call_soon_threadsafe(self._close_later, task)
+                loop.call_soon_threadsafe(self._close_later, task, keeper)
             except RuntimeError:  # closed meanwhile
                 continue
 
-    def _close_later(self, task: asyncio.Task[T]) -> None:
+    def _close_later(self, task: asyncio.Task[T], keeper: asyncio.Task[None] | None) -> None:
         if not task.done():
-            task.cancel()
-        elif not task.cancelled() and task.exception() is None:
-            closing = task.get_loop().create_task(self._close(task.result()))
-            self._closing.add(closing)  # a task nobody references may be collected
-            closing.add_done_callback(self._closing.discard)
+            task.cancel()  # a client made after this is closed by its keeper at loop end
+        if keeper is not None and not keeper.done():
+            keeper.cancel()

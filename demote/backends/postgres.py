@@ -251,9 +251,10 @@ class Pools:
     async def arun(self, work: Callable[[Any], Awaitable[T]], label: str = "postgres") -> T:
         """:meth:`run` on this event loop's async pool: ``await work(connection)``."""
         self._check(label)
-        deadline, attempt = time.monotonic() + self.timeout, _Attempt()
+        attempt = _Attempt()
         with self._translated(attempt):
-            pool = await self._async.get()
+            pool = await self._async.get()  # made on this loop's first call, not timed here
+            deadline = time.monotonic() + self.timeout
             for _ in range(self._attempts):
                 async with pool.connection(timeout=self._left(deadline)) as conn:
                     if _dead(conn):

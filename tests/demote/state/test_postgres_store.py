@@ -14,6 +14,7 @@ from demote import ConversationState, StoreError
 from demote.errors import ConfigError
 from demote.state import PostgresStateStore
 from demote.state._pg_sql import SCHEMA_VERSION
+from tests.demote.archive.pg import drop_archive
 from tests.demote.state.conftest import drop_pg_tables
 
 S1 = ConversationState(window_start=4, delivered=4, anchor="ab")
@@ -113,3 +114,43 @@ def test_settings_are_checked() -> None:
 def test_unreachable_postgres_is_a_store_error() -> None:
     with pytest.raises(StoreError, match="cannot reach postgres"):
         PostgresStateStore("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2)
+
+
+_NEVER_CLOSED = """
+import asyncio, sys
+from demote.archive.postgres import PostgresArchive
+from demote.state import PostgresStateStore
+url, prefix = sys.argv[1], sys.argv[2]
+for n in range(12):
+    store = PostgresStateStore(url, table=f"{prefix}_s{n}")
+    archive = PostgresArchive(url, table=f"{prefix}_a{n}")
+    for _ in range(2):
+        assert asyncio.run(store.aget("c")) is None
+        assert asyncio.run(archive.asearch("c", "hello")) == []
+print("done")
+"""
+
+
+def test_asyncio_run_returns_although_the_store_is_never_closed(postgres_url: str) -> None:
+    """Each ``asyncio.run`` ends with the pool it made closed (its keeper task), though
+    nobody closes the store: a psycopg pool caught mid-connect at loop end hung it once
+    in three rounds before. Run in a child process, so that a hang is a failure here."""
+    import subprocess
+    import sys
+
+    prefix = f"t_{uuid.uuid4().hex[:8]}"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _NEVER_CLOSED, postgres_url, prefix],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("asyncio.run hung at loop end on a store nobody closed")
+    finally:
+        for n in range(12):
+            drop_pg_tables(postgres_url, f"{prefix}_s{n}")
+            drop_archive(postgres_url, f"{prefix}_a{n}")
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
