@@ -7,10 +7,6 @@ LangChain's ``count_tokens_approximately``) stays within the limit apart from th
 the window reports; it starts with a user message after the system message; every tool
 call has its results and every result its call; what left the model's view reaches the
 hook (a SQLite archive) exactly once; and the agent state keeps every message whole.
-
-Each scenario runs on the real planner and on the contract planner of
-:mod:`tests.agent_planner`; the real one is marked as expected to fail (strictly) only
-while it does not cut inside a turn yet, so it runs for real once it does.
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ from demote.window.policy import ClearToolResults
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware
-from tests.agent_planner import steps_planner_landed, use_contract_planner
 
 STEPS = 30
 LIMIT = 3000
@@ -126,25 +121,6 @@ class CountingArchive:
         return self.archive.has_keys(conversation_id, keys)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(
-            "real",
-            marks=pytest.mark.xfail(
-                not steps_planner_landed(),
-                reason="the real planner does not cut inside a turn yet (steps helper)",
-                strict=True,
-            ),
-        ),
-        "contract",
-    ]
-)
-def planner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "contract":
-        use_contract_planner(monkeypatch)
-    return str(request.param)
-
-
 def check_request(messages: list[BaseMessage]) -> None:
     """The provider rules: user first after system messages, every call paired."""
     body = [m for m in messages if not isinstance(m, SystemMessage)]
@@ -193,7 +169,7 @@ def run_agent(
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_one_long_tool_loop_is_bounded_at_every_model_call(
-    planner: str, flavour: str, tmp_path: Path
+    flavour: str, tmp_path: Path
 ) -> None:
     policy = SlidingWindow.last_tokens(LIMIT)
     model, hook, demoter, result, windows = run_agent(tmp_path, policy, flavour)
@@ -223,7 +199,7 @@ def test_one_long_tool_loop_is_bounded_at_every_model_call(
 
 
 def test_clearing_sends_placeholders_and_archives_the_content_first(
-    planner: str, tmp_path: Path
+    tmp_path: Path
 ) -> None:
     policy = SlidingWindow(
         unit="tokens", limit=LIMIT, clearing=ClearToolResults(trigger=2000, keep=1)
@@ -261,7 +237,7 @@ def counts_tool_calls() -> bool:
     "steps undercounts each call's arguments",
     strict=True,
 )
-def test_clearing_keeps_every_model_call_within_the_limit(planner: str, tmp_path: Path) -> None:
+def test_clearing_keeps_every_model_call_within_the_limit(tmp_path: Path) -> None:
     policy = SlidingWindow(
         unit="tokens", limit=LIMIT, clearing=ClearToolResults(trigger=2000, keep=1)
     )
@@ -276,7 +252,7 @@ def test_clearing_keeps_every_model_call_within_the_limit(planner: str, tmp_path
 
 @pytest.mark.parametrize("clearing", [False, True])
 def test_a_custom_loop_reading_the_history_at_every_step_is_bounded(
-    planner: str, clearing: bool, tmp_path: Path
+    clearing: bool, tmp_path: Path
 ) -> None:
     limit, steps = 4000, 40
     policy = SlidingWindow(

@@ -33,7 +33,6 @@ from demote.archive.sqlite import SQLiteArchive
 from demote.window.policy import ClearToolResults
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.messages import opened_calls, text_of
-from tests.agent_planner import steps_planner_landed, use_contract_planner
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pydantic.warnings.PydanticDeprecationWarning:inspect"
@@ -106,25 +105,6 @@ def tool_loop_llm(seen: list[list[ChatMessage]], steps: int = STEPS) -> MockFunc
     return MockFunctionCallingLLM(response_generator=respond, is_chat_model=True)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param(
-            "real",
-            marks=pytest.mark.xfail(
-                not steps_planner_landed(),
-                reason="the real planner does not cut inside a turn yet (steps helper)",
-                strict=True,
-            ),
-        ),
-        "contract",
-    ]
-)
-def planner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "contract":
-        use_contract_planner(monkeypatch)
-    return str(request.param)
-
-
 def check_window(window: list[ChatMessage]) -> None:
     """User first after system messages, every result with its call and every call answered."""
     body = [m for m in window if m.role != MessageRole.SYSTEM]
@@ -166,7 +146,7 @@ def run(
 
 
 def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(
-    planner: str, tmp_path: Path
+    tmp_path: Path
 ) -> None:
     _, _, _, seen, parts = run(tmp_path, SlidingWindow.last_tokens(LIMIT))
     assert len(seen) == STEPS + 1
@@ -178,7 +158,7 @@ def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(
 
 
 def test_after_the_run_the_window_cuts_at_steps_and_archives_once(
-    planner: str, tmp_path: Path
+    tmp_path: Path
 ) -> None:
     memory, hook, demoter, _, _ = run(tmp_path, SlidingWindow.last_tokens(LIMIT))
     history = memory.get_all()
@@ -202,7 +182,7 @@ def test_after_the_run_the_window_cuts_at_steps_and_archives_once(
 
 
 def test_after_the_run_old_results_are_placeholders_copied_not_changed(
-    planner: str, tmp_path: Path
+    tmp_path: Path
 ) -> None:
     policy = SlidingWindow(
         unit="tokens", limit=LIMIT, clearing=ClearToolResults(trigger=2000, keep=1)
@@ -223,9 +203,7 @@ def test_after_the_run_old_results_are_placeholders_copied_not_changed(
 def main() -> None:  # pragma: no cover - prints the figures for the README
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        if not steps_planner_landed():
-            use_contract_planner(mp)
+    with tempfile.TemporaryDirectory() as tmp:
         _, _, _, seen, parts = run(Path(tmp), SlidingWindow.last_tokens(LIMIT))
         sent = [approx_tokens(s) for s in seen]
         print(f"FunctionAgent, {STEPS} tool calls of ~1,450 tokens, last_tokens({LIMIT}):")

@@ -1,12 +1,13 @@
 """The engine on agent plans: reserved tokens, cleared and clipped tool results delivered
 before their placeholders are sent, the opener, the overhang, and their events.
 
-The step-and-clearing planner is built in parallel; until it lands, these tests feed the
-engine plans through a small *contract planner*: the real planner's cut, plus the agent
-fields filled in the way ``Plan``'s docstrings define them (the tool results of the
-window but the newest ``keep`` cleared, ``deliver_to`` the clearing watermark, the
-watermark read from the state when it ran past the window start). What they check is
-the engine's half: what is delivered, committed, shown and reported.
+These tests feed the engine plans through a small *contract planner*: the real
+planner's cut, plus agent fields chosen per test the way ``Plan``'s docstrings define them
+(the tool results of the window but the newest ``keep`` cleared, ``deliver_to`` the
+clearing watermark, the watermark read from the state when it ran past the window start),
+so each engine behaviour is checked on the plan that needs it, apart from how the planner
+decides. What they check is the engine's half: what is delivered, committed, shown and
+reported. The planner's half is in ``tests/demote/window``.
 """
 
 from __future__ import annotations
