@@ -33,7 +33,7 @@ from tests.strategies import Msg, describer
 from tests.support.erase_worker import SECRET
 
 LAST2 = SlidingWindow.last_messages(2)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the project: ``-m tests.support...`` runs there
 
 
 class GatedArchive(SQLiteArchive):
@@ -145,7 +145,9 @@ def test_an_erase_racing_another_process_leaves_no_delivered_row(
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        wait_for(ready.exists, timeout=60)  # the worker holds the lease, inside the archive
+        # The worker holds the lease, inside the archive (or died: say why, at once).
+        wait_for(lambda: ready.exists() or worker.poll() is not None, timeout=60)
+        assert ready.exists(), f"the worker exited {worker.returncode}: {worker.communicate()}"
         with SQLiteArchive(archive_path) as archive:
             admin = Demoter(LAST2, archive, state=state)
             began = time.monotonic()
