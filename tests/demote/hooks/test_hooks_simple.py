@@ -37,9 +37,11 @@ def chat(n: int) -> list[Msg]:
 def test_callback_sync_fn_from_sync_and_async_loads() -> None:
     got: list[tuple[int, threading.Thread]] = []
     hook = CallbackHook(lambda b: got.append((len(b), threading.current_thread())))
-    inline = Demoter(SlidingWindow.last_messages(2), hook, hook_timeout=None)
+    inline = Demoter(SlidingWindow.last_messages(2), hook, hook_timeout=None, hook_wait=None)
     inline.load("a", chat(6), describer(inline))
-    assert got == [(4, threading.current_thread())], "no timeout: called in the caller's thread"
+    assert got == [(4, threading.current_thread())], (
+        "no bound and no wait: called in the caller's thread"
+    )
     got.clear()
     d = Demoter(SlidingWindow.last_messages(2), hook)  # a timeout: on an engine thread
     d.load("a", chat(6), describer(d))
