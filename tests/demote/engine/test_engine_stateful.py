@@ -280,11 +280,16 @@ class EngineMachine(RuleBasedStateMachine):
         self, history: list[Msg], start: int, pinned: int, opener: Msg | None = None
     ) -> None:
         """The window starts with a user message (a turn, or the opener in front of the
-        steps it keeps) and keeps every result with its call."""
+        steps it keeps), or, in a turn that has no user message (the history has none
+        before the window), with the assistant message of a step; it keeps every result
+        with its call."""
         kept = history[start:]
         if start > pinned and kept:
             first = opener if opener is not None else kept[0]
-            assert first.role == "user", f"window starts inside a group at {start}"
+            openerless = not any(m.role == "user" for m in history[pinned:start])
+            assert first.role == "user" or (openerless and first.role == "assistant"), (
+                f"window starts inside a group at {start}"
+            )
         opened = {c: i for i, m in enumerate(history) for c in m.opens}
         for m in kept:
             at = opened.get(m.answers or "")
