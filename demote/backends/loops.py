@@ -46,9 +46,9 @@ class PerLoop(Generic[T]):
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[T]] = (
             weakref.WeakKeyDictionary()
         )
-        self._keepers: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, asyncio.Task[None]
-        ] = weakref.WeakKeyDictionary()
+        self._keepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
     async def get(self) -> T:

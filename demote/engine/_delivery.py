@@ -451,11 +451,12 @@ class DeliveryMixin:
             return
         hold.released = True
         self._keeper.drop(lease)
-        try:
-            yield from self._store("release_lease", lease)
+        try:  # through the breaker: a store that is down costs no turn a timeout here
+            yield from self._guarded("release_lease", lease)
         except Exception as exc:  # it expires on its own, or the next load releases it
             self._stranded[hold.conversation_id] = lease
-            logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
+            if not isinstance(exc, StoreUnavailable):  # (a skipped call is no news)
+                logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
 
     # -- the gate, and hook calls that outlive their wait --------------------------------------
 

@@ -168,9 +168,7 @@ def run_agent(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
-def test_one_long_tool_loop_is_bounded_at_every_model_call(
-    flavour: str, tmp_path: Path
-) -> None:
+def test_one_long_tool_loop_is_bounded_at_every_model_call(flavour: str, tmp_path: Path) -> None:
     policy = SlidingWindow.last_tokens(LIMIT)
     model, hook, demoter, result, windows = run_agent(tmp_path, policy, flavour)
     assert len(model.calls) == STEPS + 1, "one model call per tool call, then the answer"
@@ -198,9 +196,7 @@ def test_one_long_tool_loop_is_bounded_at_every_model_call(
     assert [m.content for m in results] == [page(n) for n in range(STEPS)], "state untouched"
 
 
-def test_clearing_sends_placeholders_and_archives_the_content_first(
-    tmp_path: Path
-) -> None:
+def test_clearing_sends_placeholders_and_archives_the_content_first(tmp_path: Path) -> None:
     policy = SlidingWindow(
         unit="tokens", limit=LIMIT, clearing=ClearToolResults(trigger=2000, keep=1)
     )

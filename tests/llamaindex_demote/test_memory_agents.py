@@ -145,9 +145,7 @@ def run(
     return memory, hook, demoter, seen, parts
 
 
-def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(
-    tmp_path: Path
-) -> None:
+def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(tmp_path: Path) -> None:
     _, _, _, seen, parts = run(tmp_path, SlidingWindow.last_tokens(LIMIT))
     assert len(seen) == STEPS + 1
     assert max(parts) <= LIMIT, "every read of the memory is within the limit"
@@ -157,9 +155,7 @@ def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(
     assert all(b > a for a, b in itertools.pairwise(sent))
 
 
-def test_after_the_run_the_window_cuts_at_steps_and_archives_once(
-    tmp_path: Path
-) -> None:
+def test_after_the_run_the_window_cuts_at_steps_and_archives_once(tmp_path: Path) -> None:
     memory, hook, demoter, _, _ = run(tmp_path, SlidingWindow.last_tokens(LIMIT))
     history = memory.get_all()
     assert len(history) == 2 + 2 * STEPS, "the run's steps went into the chat store"
@@ -181,9 +177,7 @@ def test_after_the_run_the_window_cuts_at_steps_and_archives_once(
     assert approx_tokens(seen[0]) <= LIMIT
 
 
-def test_after_the_run_old_results_are_placeholders_copied_not_changed(
-    tmp_path: Path
-) -> None:
+def test_after_the_run_old_results_are_placeholders_copied_not_changed(tmp_path: Path) -> None:
     policy = SlidingWindow(
         unit="tokens", limit=LIMIT, clearing=ClearToolResults(trigger=2000, keep=1)
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from demote import ConversationState, Demoter, SlidingWindow
+from demote import Backoff, ConversationState, Demoter, SlidingWindow
 from demote.backends.breaker import Breaker, Pass, Throttle, breaker_of, is_outage, use_breaker
 from demote.errors import ArgumentTypeError, ConfigError, StoreError, StoreUnavailable
 from demote.events import DemoteEvent
@@ -231,6 +231,41 @@ def test_a_lease_left_behind_by_a_failed_commit_does_not_hold_demotion_off() -> 
     msgs += history(8, system=False)
     w = d.load("c", msgs, describe(d))
     assert not w.degraded and w.pending == 0 and w.demoted > 0
+
+
+def test_a_lease_release_while_the_breaker_is_open_costs_no_call_and_is_done_later() -> None:
+    """A load whose hook failed again, with nothing to commit, gives its lease back; with
+    the store found down meanwhile (by another caller) the release is skipped, not waited
+    on, and the next load that takes the conversation releases it first."""
+    store = Switch()
+
+    class Failing(Sink):
+        fail, take_the_store = True, False
+
+        def deliver(self, batch: Demotion) -> None:
+            if self.take_the_store:  # another caller finds the store down meanwhile
+                store.down = True
+                ticket = breaker_of(store).admit()
+                assert ticket is not None
+                breaker_of(store).failed(ticket)
+            if self.fail:
+                raise RuntimeError("the sink is down")
+            super().deliver(batch)
+
+    sink = Failing()
+    d = make(store, sink, lease_ttl=60.0, retry=Backoff(initial=0.0))
+    msgs = history(12)
+    d.load("c", msgs, describe(d))  # the window moved, its messages pending
+    sink.take_the_store = True
+    d.load("c", msgs, describe(d))  # a retry: the hook fails, nothing to commit
+    assert store.calls["release_lease"] == 0, "skipped while the breaker was open"
+    assert store.inner.acquire_lease("c", "other", 1.0) is None, "the lease is still held"
+    store.down, sink.fail, sink.take_the_store = False, False, False
+    wait_closed(store)
+    w = d.load("c", msgs, describe(d))
+    assert store.calls["release_lease"] >= 1, "released by the next load"
+    assert not w.degraded and w.pending == 0 and w.demoted > 0
+    assert store.inner.acquire_lease("c", "other", 1.0) is not None, "and free again"
 
 
 def test_the_warning_is_logged_once_per_period_not_per_turn(
