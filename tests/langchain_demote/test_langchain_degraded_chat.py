@@ -17,6 +17,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -37,7 +38,7 @@ from langchain_demote import DemotingChatMessageHistory, with_demotion
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware
 from tests.langchain_demote.support import RecordingChatModel
-from tests.support.outage import HOWS, KeySink, fault, proxied
+from tests.support.outage import HOWS, KeySink, fault, proxied, settled
 from tests.support.tcp_proxy import TcpProxy
 
 LIMIT = 6
@@ -157,7 +158,7 @@ def test_sixteen_chains_keep_answering_through_a_state_store_outage(
     for session, inner in histories.items():  # after recovery: nothing lost, once each
         history = DemotingChatMessageHistory(inner, demoter, session)
         raw = inner.messages
-        window = demoter.load(session, raw, history._describe)
+        window = settled(partial(demoter.load, session, raw, history._describe), store)
         assert not window.degraded and window.pending == 0
         for i in range(window.start):
             key = make_key(session, i, to_core(raw[i], demoter.describe).fingerprint)

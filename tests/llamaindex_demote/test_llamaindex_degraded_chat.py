@@ -16,6 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,7 +36,7 @@ from demote.records import make_key
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.instrumentation import DemoteDegradedEvent
 from llamaindex_demote.messages import to_core
-from tests.support.outage import HOWS, KeySink, fault, proxied
+from tests.support.outage import HOWS, KeySink, asettled, fault, proxied
 from tests.support.tcp_proxy import TcpProxy
 
 LIMIT = 6
@@ -133,7 +134,7 @@ def test_sixteen_chat_engines_keep_answering_through_a_state_store_outage(
         for key in keys:  # after recovery: nothing lost, nothing twice
             memory = DemotingMemory(demoter=demoter, chat_store=chat_store, chat_store_key=key)
             raw = chat_store.get_messages(key)
-            window = await demoter.aload(key, raw, memory._p.describe)
+            window = await asettled(partial(demoter.aload, key, raw, memory._p.describe), store)
             assert not window.degraded and window.pending == 0, demoter.conversation_stats(key)
             for i in range(window.start):
                 fp = to_core(raw[i], describe=demoter.describe).fingerprint

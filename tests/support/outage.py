@@ -5,21 +5,25 @@
 key prefix or table, and returns it with the proxy and a cleanup. ``fault(proxy, how)``
 takes the store away: ``"cut"`` (connections closed, new ones refused) or ``"blackhole"``
 (nothing answered). :class:`KeySink` is a hook that counts every key it is handed.
+:func:`settled` and :func:`asettled` make the final load of a conversation after the
+outage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from demote.records import Demotion
 from tests.support.tcp_proxy import TcpProxy
 
-__all__ = ["HOWS", "KeySink", "fault", "proxied"]
+__all__ = ["HOWS", "KeySink", "asettled", "fault", "proxied", "settled"]
 
 HOWS = ["cut", "blackhole"]
 
@@ -94,3 +98,35 @@ class KeySink:
     def twice(self) -> list[str]:
         with self.lock:
             return [k for k, n in self.keys.items() if n > 1]
+
+
+# A chat turn that fails in the outage's last moments (a connection the cut left half-open,
+# a reply starved past the 0.5 s timeout on a loaded machine) reopens the breaker for up to
+# 0.6 s, so the first load after the chats stop may be skipped. The final load is made
+# again past the probe interval while it is degraded, for at most this long: demotion must
+# resume well within it.
+RESUME_WITHIN = 2.0
+
+
+def settled(load: Callable[[], Any], store: Any) -> Any:
+    """``load()`` until its window is not degraded, past the breaker's probe (bounded)."""
+    from demote.backends.breaker import breaker_of
+
+    deadline = time.monotonic() + RESUME_WITHIN
+    window = load()
+    while window.degraded and time.monotonic() < deadline:
+        time.sleep(max(0.01, breaker_of(store).retry_in()))
+        window = load()
+    return window
+
+
+async def asettled(load: Callable[[], Awaitable[Any]], store: Any) -> Any:
+    """:func:`settled` for an async load."""
+    from demote.backends.breaker import breaker_of
+
+    deadline = time.monotonic() + RESUME_WITHIN
+    window = await load()
+    while window.degraded and time.monotonic() < deadline:
+        await asyncio.sleep(max(0.01, breaker_of(store).retry_in()))
+        window = await load()
+    return window

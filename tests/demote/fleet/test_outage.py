@@ -17,13 +17,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 
 from demote import Demoter, SlidingWindow, Window
 from demote.records import MessageRecord, make_key
-from tests.support.outage import HOWS, KeySink, fault, proxied
+from tests.support.outage import HOWS, KeySink, asettled, fault, proxied, settled
 from tests.support.tcp_proxy import TcpProxy
 
 LIMIT = 6
@@ -150,7 +151,10 @@ def test_sixteen_threads_through_an_outage(outage_store: tuple[TcpProxy, Any], h
         for t in threads:
             t.join(30)
     try:
-        finals = {c: demoter.load(c, h, chats.describe) for c, h in chats.histories.items()}
+        finals = {
+            c: settled(partial(demoter.load, c, h, chats.describe), store)
+            for c, h in chats.histories.items()
+        }
         chats.check(sink, finals)
     finally:
         demoter.close()
@@ -188,7 +192,9 @@ def test_sixteen_tasks_through_an_outage(outage_store: tuple[TcpProxy, Any], how
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 30)
         for cid, history in chats.histories.items():
-            finals[cid] = await demoter.aload(cid, history, chats.describe)
+            finals[cid] = await asettled(
+                partial(demoter.aload, cid, history, chats.describe), store
+            )
         await store.aclose()  # this loop's async client (and the rest)
 
     asyncio.run(main())
