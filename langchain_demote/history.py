@@ -35,7 +35,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, cast
+from typing import Any, ParamSpec
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -51,6 +51,7 @@ from demote.events import DemoteEvent
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
+from demote.window.pairing import UNANSWERED, unanswered
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.messages import message_text, to_core
 
@@ -108,48 +109,42 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     return answer_dangling(out)
 
 
-#: What the model is sent as the result of a call that was never run (an interrupt the
-#: user abandoned, a crash between the call and its tool).
-UNANSWERED = "[no result: this call was interrupted before it ran]"
-
-
 def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
     """``messages`` with a stand-in result for each call that is never answered.
 
     Providers refuse a tool call without its result once the conversation has moved on
     (a human-in-the-loop interrupt the user abandoned, then a new question). Each such
-    call gets a :data:`UNANSWERED` ``ToolMessage`` (``status="error"``) right after the
-    results its message did get; a call at the very end (about to run) is left alone. The
-    list is returned as is when nothing dangles; the stored messages are never changed.
+    call gets a :data:`~demote.window.pairing.UNANSWERED` ``ToolMessage``
+    (``status="error"``) right after the results its message did get
+    (:func:`demote.window.pairing.unanswered`); a call at the very end (about to run) is
+    left alone. The list is returned as is when nothing dangles; the stored messages are
+    never changed.
     """
-    out: list[BaseMessage] | None = None
-    i, n = 0, len(messages)
-    while i < n:
-        message = messages[i]
-        j = i + 1
-        if isinstance(message, AIMessage) and message.tool_calls:
-            answered: set[str] = set()
-            while j < n and isinstance(messages[j], ToolMessage):
-                answered.add(cast(ToolMessage, messages[j]).tool_call_id)
-                j += 1
-            missing = [c for c in message.tool_calls if c.get("id") not in answered]
-            if missing and j < n:
-                if out is None:
-                    out = list(messages[:j])
-                else:
-                    out.extend(messages[i:j])
-                out.extend(
-                    ToolMessage(
-                        UNANSWERED, tool_call_id=c.get("id") or "", name=c["name"], status="error"
-                    )
-                    for c in missing
-                )
-                i = j
-                continue
-        if out is not None:
-            out.extend(messages[i:j])
-        i = j
-    return messages if out is None else out
+    opens: list[tuple[str, ...]] = []
+    answers: list[str | None] = []
+    names: dict[str, str] = {}
+    for m in messages:
+        if isinstance(m, AIMessage) and m.tool_calls:
+            ids = tuple(c.get("id") or "" for c in m.tool_calls)
+            names.update((c.get("id") or "", c["name"]) for c in m.tool_calls)
+            opens.append(ids)
+        else:
+            opens.append(())
+        answers.append(m.tool_call_id if isinstance(m, ToolMessage) else None)
+    gaps = unanswered(opens, answers)
+    if not gaps:
+        return messages
+    out: list[BaseMessage] = []
+    done = 0
+    for at, missing in gaps:
+        out.extend(messages[done:at])
+        out.extend(
+            ToolMessage(UNANSWERED, tool_call_id=c, name=names.get(c), status="error")
+            for c in missing
+        )
+        done = at
+    out.extend(messages[done:])
+    return out
 
 
 class DemotingChatMessageHistory(BaseChatMessageHistory):

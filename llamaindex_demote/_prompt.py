@@ -18,14 +18,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llama_index.core.base.llms.types import ChatMessage, TextBlock
+from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 
 from demote.engine import Demoter, Window, render_progress, render_summary
 from demote.events import DemoteEvent
 from demote.hooks.base import Capture, Recall
 from demote.records import MessageRecord, Recalled
+from demote.window.pairing import UNANSWERED, unanswered
 from llamaindex_demote.instrumentation import emit_events
-from llamaindex_demote.messages import core_role, from_core, recall_message, text_of
+from llamaindex_demote.messages import (
+    answered_call,
+    core_role,
+    from_core,
+    opened_calls,
+    recall_message,
+    text_of,
+    tool_calls,
+)
 
 __all__ = ["Parts", "assemble"]
 
@@ -101,16 +110,52 @@ def _body(window: Window[ChatMessage]) -> list[ChatMessage]:
     return out
 
 
+def answer_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` with a stand-in result for each call that is never answered.
+
+    A call the conversation moved on from (an abandoned human-in-the-loop interrupt, a
+    run that died between the call and its tool) gets a tool message of
+    :data:`~demote.window.pairing.UNANSWERED`, with its ``tool_call_id`` and tool
+    ``name`` (how LlamaIndex's LLM integrations read a result), right after the results
+    its message did get (:func:`demote.window.pairing.unanswered`). The list is returned
+    as is when nothing dangles; the stored messages are never changed.
+    """
+    opens = [opened_calls(m) for m in messages]
+    if not any(opens):  # most windows: no calls at all
+        return messages
+    gaps = unanswered(opens, [answered_call(m) for m in messages])
+    if not gaps:
+        return messages
+    names = {c["id"]: c.get("name") for m in messages for c in tool_calls(m) if c.get("id")}
+    out: list[ChatMessage] = []
+    done = 0
+    for at, missing in gaps:
+        out.extend(messages[done:at])
+        out.extend(
+            ChatMessage(
+                role=MessageRole.TOOL,
+                content=UNANSWERED,
+                additional_kwargs={"tool_call_id": c, "name": names.get(c) or ""},
+            )
+            for c in missing
+        )
+        done = at
+    out.extend(messages[done:])
+    return out
+
+
 def assemble(
     window: Window[ChatMessage], recalled: Sequence[Recalled] = (), at: int = 0
 ) -> list[ChatMessage]:
     """A new list: pinned, summary, the shown messages, the recall message inserted at ``at``.
 
-    ``at`` indexes :func:`shown` (opener first, when there is one).
+    ``at`` indexes :func:`shown` (opener first, when there is one). Calls the conversation
+    moved on from get their stand-in results (:func:`answer_dangling`).
     """
     body = _body(window)
     if recalled:
         body = [*body[:at], recall_message(recalled), *body[at:]]
+    body = answer_dangling(body)
     if window.summary and window.opener is None:
         return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
     return window.pinned + body
