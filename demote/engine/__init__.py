@@ -1,10 +1,13 @@
 """The demotion engine: the Demoter and its parts (flow, delivery, compaction, erase).
 
-``demote.engine.demoter`` holds the :class:`Demoter` and its theory of operation; the
-private modules beside it are its parts: the I/O operations and their drivers
-(``_flow``), delivery under the gate and lease (``_delivery``), background summaries
-(``_compaction``), erase (``_erasing``, ``_erase_flow``), per-conversation views
-(``_views``), the hook threads and lease keeper (``_runner``), and retry backoff.
+``demote.engine.demoter`` holds the :class:`Demoter` and its theory of operation. The
+Demoter is composed of parts, each an object with its own state that it holds (not
+inherits): ``Delivery`` (``_delivery``: the gate and lease, batches, the fenced commit,
+the store's breaker, hook threads and background flows), ``Compactor`` (``_compaction``:
+background summaries) and ``Eraser`` (``_erasing``, with ``_erase_flow`` for the
+adapters' erase). Beside them: the I/O operations and their drivers (``_flow``),
+per-conversation views (``_views``), the hook threads and lease keeper (``_runner``), and
+retry backoff.
 """
 
 from demote.engine.demoter import (

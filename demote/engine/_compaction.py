@@ -15,12 +15,11 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any
 
-from demote.engine._delivery import FRESH, DeliveryMixin, Hold, Work
+from demote.engine._delivery import FRESH, Delivery, Hold, Tally, Work
 from demote.engine._flow import Flow, Sleep, Spawn, Summarize
 from demote.engine._views import trail_at
-from demote.events import DemoteEvent
+from demote.events import DemoteEvent, Observers
 
 logger = logging.getLogger("demote")
 
@@ -32,15 +31,20 @@ _GATE_POLL_SECONDS = 0.02
 _SAME = ("generation", "window_start", "summarized", "pinned", "anchor")
 
 
-class CompactionMixin(DeliveryMixin):
-    """The Demoter's background summaries."""
+class Compactor:
+    """A Demoter's background summaries: one at a time per conversation."""
 
-    summarizer: object | None
-    _compacting: dict[str, object]
-    _background: set[Any]
-    _background_lock: threading.Lock
+    def __init__(
+        self, summarizer: object, delivery: Delivery, observers: Observers, tally: Tally
+    ) -> None:
+        self.summarizer = summarizer
+        self._delivery = delivery
+        self._observers = observers
+        self._tally = tally
+        self._compacting: dict[str, object] = {}
+        self._lock = threading.Lock()
 
-    def _maybe_compact(self, cid: str, work: Work) -> Flow[None]:
+    def maybe_compact(self, cid: str, work: Work) -> Flow[None]:
         """Start a summary of the groups the plan marked, unless one is being written."""
         token = object()
         with self._lock:
@@ -48,10 +52,21 @@ class CompactionMixin(DeliveryMixin):
                 return
             self._compacting[cid] = token
         try:
-            yield Spawn(self._compact(cid, token, work), self._background, self._background_lock)
+            delivery = self._delivery
+            yield Spawn(
+                self._compact(cid, token, work), delivery.background, delivery.background_lock
+            )
         except BaseException:
             self._end_compaction(cid, token)
             raise
+
+    def forget(self, cid: str) -> None:
+        """Let a new summary of ``cid`` start (the conversation was cleared).
+
+        One still being written commits nothing: the state it was planned on is gone.
+        """
+        with self._lock:
+            self._compacting.pop(cid, None)
 
     def _end_compaction(self, cid: str, token: object) -> None:
         with self._lock:
@@ -92,7 +107,7 @@ class CompactionMixin(DeliveryMixin):
                 return
             took = time.perf_counter() - began
             for _ in range(_GATE_POLLS):
-                hold = yield from self._take_leased(cid)
+                hold = yield from self._delivery.take_leased(cid)
                 if hold is not None:
                     break
                 yield Sleep(_GATE_POLL_SECONDS)
@@ -102,11 +117,11 @@ class CompactionMixin(DeliveryMixin):
             if hold.lease is not None:
                 current = hold.lease.state
             else:
-                current = yield from self._store("get", cid)
+                current = yield from self._delivery.store_op("get", cid)
             now = current or FRESH
             if any(getattr(now, f) != getattr(base_state, f) for f in _SAME):
                 logger.info("demote: summary for %r discarded (the state moved on)", cid)
-                yield from self._release(hold)
+                yield from self._delivery.release(hold)
                 return
             compacted = replace(
                 now,
@@ -117,7 +132,7 @@ class CompactionMixin(DeliveryMixin):
                 trail=trail_at(now, hi, now.pinned, work.view),
             )
             job = replace(work, stored=current, target=compacted, resynced=False, events=events)
-            committed, _, _ = yield from self._settle(hold, job)
+            committed, _, _ = yield from self._delivery.settle(hold, job)
             if committed is not None:
                 with self._tally.lock:
                     self._tally.summaries += 1
@@ -126,6 +141,6 @@ class CompactionMixin(DeliveryMixin):
                 )
         finally:
             if hold is not None:
-                self._let_go(hold)
+                self._delivery.let_go(hold)
             self._end_compaction(cid, token)
             self._observers.publish(events)

@@ -1,7 +1,7 @@
 """Steps 3 and 4 of a load: the gate and lease, delivery in batches, the fenced commit.
 
-This is the part of :class:`~demote.engine.Demoter` that talks to the hook and commits;
-it lives here so the engine module stays readable. Everything is a generator of the
+:class:`Delivery` is the part of a :class:`~demote.engine.Demoter` that talks to the
+hook and commits; the Demoter holds one. Everything is a generator of the
 operations in :mod:`demote.engine._flow`, shared by the sync and async drivers.
 
 A *hold* is a conversation's in-process gate, and its store lease once taken. Only its
@@ -19,15 +19,17 @@ the same way.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from demote.backends.breaker import Breaker, is_outage
+from demote.backends.breaker import Breaker, breaker_of, is_outage
 from demote.engine._flow import Deliver, Flow, HasKeys, Outcome, Running, Spawn, drive_async
 from demote.engine._flow import store_call as _op
 from demote.engine._runner import HookRunner, LeaseKeeper
@@ -164,46 +166,68 @@ def _data(rec: MessageRecord, raw: Any) -> dict[str, Any]:
     return text_data(rec.role, rec.text, rec.answers, rec.tool)
 
 
-class DeliveryMixin:
-    """Gate, lease, batches, fenced commit: the Demoter's delivery half."""
+class Delivery:
+    """Gate, lease, batches, fenced commit: a Demoter's delivery part.
 
-    # Set by Demoter.__init__.
-    state: StateStore
-    hook: object
-    hook_timeout: float | None
-    hook_wait: float | None
-    lease_ttl: float
-    max_batch: int
-    _direct: bool
-    _probe: bool
-    _views: ViewCache
-    _retry: RetryTracker
-    _runner: HookRunner
-    _keeper: LeaseKeeper
-    _observers: Observers
-    _tally: Tally
-    _lock: threading.Lock
-    _gates: dict[str, Hold]
-    _background: set[Any]
-    _background_lock: threading.Lock
-    _instance: str
-    _holders: Any
-    _breaker: Breaker
-    _stranded: dict[str, Lease | str]
+    How a :class:`~demote.engine.Demoter` hands what left the window to its hook and
+    commits the watermark; one per Demoter. It owns the in-process gates, the leases (and
+    their keeper), the store's breaker, the hook threads and the background flows; the
+    view cache, retry tracker, observers and tally it is given are the Demoter's, shared
+    with its other parts.
+    """
 
-    def _store(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+    def __init__(
+        self,
+        state: StateStore,
+        hook: object,
+        *,
+        hook_timeout: float | None,
+        hook_wait: float | None,
+        lease_ttl: float,
+        max_batch: int,
+        hook_threads: int,
+        views: ViewCache,
+        retry: RetryTracker,
+        observers: Observers,
+        tally: Tally,
+    ) -> None:
+        self.state = state
+        self.hook = hook
+        self.hook_timeout = hook_timeout
+        self.hook_wait = hook_wait
+        self.lease_ttl = lease_ttl
+        self.max_batch = max_batch
+        self._views = views
+        self._retry = retry
+        self._observers = observers
+        self._tally = tally
+        self._direct = bool(getattr(state, "nonblocking", False))
+        self._probe = callable(getattr(hook, "has_keys", None))
+        self.breaker: Breaker = breaker_of(state)
+        self.runner = HookRunner(hook_threads)
+        self.keeper = LeaseKeeper(state, lease_ttl)
+        self.lock = threading.Lock()
+        self.gates: dict[str, Hold] = {}
+        self.background: set[Any] = set()
+        self.background_lock = threading.Lock()
+        # Leases whose release may have failed, or holders whose grant was not heard of.
+        self.stranded: dict[str, Lease | str] = {}
+        self._instance = uuid.uuid4().hex[:12]
+        self._holders = itertools.count(1)
+
+    def store_op(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
         """Call the state store: directly if it never blocks, else as a yielded op."""
         if self._direct:
             return getattr(self.state, name)(*args, **kwargs)
         return (yield _op(self.state, name, *args, **kwargs))
 
-    def _guarded(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
+    def guarded(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
         """A load's store call, through the store's breaker (see :mod:`demote.backends.breaker`).
 
         Raises the store's error, or :class:`~demote.errors.StoreUnavailable` without
         calling it while the breaker is open (or another call is its probe).
         """
-        breaker = self._breaker
+        breaker = self.breaker
         ticket = breaker.admit()
         if ticket is None:
             raise StoreUnavailable(
@@ -211,7 +235,7 @@ class DeliveryMixin:
                 f"{breaker.retry_in():.2g} s)"
             )
         try:
-            result = yield from self._store(name, *args, **kwargs)
+            result = yield from self.store_op(name, *args, **kwargs)
         except Exception as exc:
             if is_outage(exc):
                 breaker.failed(ticket)
@@ -224,7 +248,7 @@ class DeliveryMixin:
         breaker.succeeded(ticket)
         return result
 
-    def _unstrand(self, cid: str) -> Flow[None]:
+    def unstrand(self, cid: str) -> Flow[None]:
         """Release a lease an earlier load could not, before taking a new one.
 
         A load whose store failed while it held the lease (or while it asked for one: the
@@ -232,24 +256,24 @@ class DeliveryMixin:
         (``lease_ttl``); without this, the conversation would not be demoted again
         until then, although the store is back.
         """
-        lease = self._stranded.pop(cid, None)
+        lease = self.stranded.pop(cid, None)
         if lease is None:
             return
         try:
             if isinstance(lease, Lease):
-                yield from self._guarded("release_lease", lease)
+                yield from self.guarded("release_lease", lease)
             elif callable(getattr(self.state, "release_holder", None)):
                 # A grant whose reply was lost: only the holder name is known.
-                yield from self._guarded("release_holder", cid, lease)
+                yield from self.guarded("release_holder", cid, lease)
         except Exception:
-            self._stranded.setdefault(cid, lease)
+            self.stranded.setdefault(cid, lease)
             raise
 
-    def _deliverable(self, cid: str, work: Work) -> bool:
+    def deliverable(self, cid: str, work: Work) -> bool:
         """Are messages pending, and may the hook be called for them now?"""
         return work.target.delivered < work.deliver_end and self._retry.ready(cid)
 
-    def _settle(
+    def settle(
         self, hold: Hold, work: Work
     ) -> Flow[tuple[ConversationState | None, int, Exception | None]]:
         """With the gate (and lease) held: deliver what is pending, then commit.
@@ -262,7 +286,7 @@ class DeliveryMixin:
         delivered, end = target.delivered, work.deliver_end
         demoted = 0
         error: Exception | None = None
-        if delivered < end and self._deliverable(cid, work):
+        if delivered < end and self.deliverable(cid, work):
             while delivered < end:
                 hi = min(end, delivered + self.max_batch)
                 batch = yield from self._batch(hold, work, delivered, hi)
@@ -279,7 +303,7 @@ class DeliveryMixin:
                             batch,
                             self.hook_wait,
                             self.hook_timeout,
-                            self._runner,
+                            self.runner,
                             detach,
                         )
                     except Exception as exc:
@@ -300,7 +324,7 @@ class DeliveryMixin:
                 delivered = hi
                 if delivered < end:  # a backlog: make each batch's progress durable
                     step = replace(target, delivered=delivered)
-                    if not (yield from self._commit(hold, stored, step, release=False)):
+                    if not (yield from self.commit(hold, stored, step, release=False)):
                         return None, demoted, None
                     stored = step
             if error is None and hold.detached is None:
@@ -308,15 +332,15 @@ class DeliveryMixin:
         final = target if delivered == target.delivered else replace(target, delivered=delivered)
         committed: ConversationState | None
         if final == (stored or FRESH):
-            yield from self._release(hold)
+            yield from self.release(hold)
             committed = stored or FRESH
         else:
-            ok = yield from self._commit(hold, stored, final, release=True)
+            ok = yield from self.commit(hold, stored, final, release=True)
             committed = final if ok else None
         if hold.detached is not None:  # the background flow takes the hold over
             hold.adopted = True
             try:
-                yield Spawn(self._late(hold), self._background, self._background_lock)
+                yield Spawn(self._late(hold), self.background, self.background_lock)
             except Exception:
                 hold.adopted = False  # _let_go adopts it another way
                 raise
@@ -414,7 +438,7 @@ class DeliveryMixin:
             )
         )
 
-    def _commit(
+    def commit(
         self, hold: Hold, stored: ConversationState | None, new: ConversationState, *, release: bool
     ) -> Flow[bool]:
         """Compare-and-set ``new``, fenced by the hold's lease (released if asked)."""
@@ -427,15 +451,15 @@ class DeliveryMixin:
         if self._direct:
             # No I/O: check in one step that no clear or forget of this process took the
             # gate away meanwhile (without a lease, nothing else would tell).
-            with self._lock:
-                ok = self._gates.get(cid) is hold and self.state.compare_and_set(
+            with self.lock:
+                ok = self.gates.get(cid) is hold and self.state.compare_and_set(
                     cid, stored, new, **kwargs
                 )
         else:  # a lease fences it: clear and forget revoke it in the store
-            ok = yield from self._guarded("compare_and_set", cid, stored, new, **kwargs)
+            ok = yield from self.guarded("compare_and_set", cid, stored, new, **kwargs)
         if lease is not None and kwargs["release"]:
             hold.released = True
-            self._keeper.drop(lease)
+            self.keeper.drop(lease)
         if not ok:
             logger.info(
                 "demote: commit for conversation %r refused (advanced or cleared elsewhere, "
@@ -444,48 +468,48 @@ class DeliveryMixin:
             )
         return bool(ok)
 
-    def _release(self, hold: Hold) -> Flow[None]:
+    def release(self, hold: Hold) -> Flow[None]:
         """Give the lease back now (unless a running hook call still needs it)."""
         lease = hold.lease
         if lease is None or hold.released or hold.detached is not None:
             return
         hold.released = True
-        self._keeper.drop(lease)
+        self.keeper.drop(lease)
         try:  # through the breaker: a store that is down costs no turn a timeout here
-            yield from self._guarded("release_lease", lease)
+            yield from self.guarded("release_lease", lease)
         except Exception as exc:  # it expires on its own, or the next load releases it
-            self._stranded[hold.conversation_id] = lease
+            self.stranded[hold.conversation_id] = lease
             if not isinstance(exc, StoreUnavailable):  # (a skipped call is no news)
                 logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
 
     # -- the gate, and hook calls that outlive their wait --------------------------------------
 
-    def _take(self, cid: str) -> Hold | None:
+    def take(self, cid: str) -> Hold | None:
         """The conversation's in-process gate, if free (never waits)."""
-        with self._lock:
-            if cid in self._gates:
+        with self.lock:
+            if cid in self.gates:
                 return None
-            hold = self._gates[cid] = Hold(cid, f"{self._instance}:{next(self._holders)}")
+            hold = self.gates[cid] = Hold(cid, f"{self._instance}:{next(self._holders)}")
             return hold
 
-    def _take_leased(self, cid: str) -> Flow[Hold | None]:
+    def take_leased(self, cid: str) -> Flow[Hold | None]:
         """The gate and, on a shared store, the lease (``None`` if either is busy)."""
-        hold = self._take(cid)
+        hold = self.take(cid)
         if (
             hold is None
             or not callable(getattr(self.state, "acquire_lease", None))
             or not getattr(self.state, "shared", True)
         ):
             return hold
-        lease = yield from self._store("acquire_lease", cid, hold.holder, self.lease_ttl)
+        lease = yield from self.store_op("acquire_lease", cid, hold.holder, self.lease_ttl)
         if lease is None:  # another worker is delivering
-            self._let_go(hold)
+            self.let_go(hold)
             return None
         hold.lease = lease
-        self._keeper.hold(lease)
+        self.keeper.hold(lease)
         return hold
 
-    def _let_go(self, hold: Hold) -> None:
+    def let_go(self, hold: Hold) -> None:
         """Free the gate when a flow ends; a lease still held is released too."""
         if hold.adopted:
             return  # the background flow lets go when the running call ends
@@ -499,13 +523,13 @@ class DeliveryMixin:
         if lease is not None and not hold.released:  # the flow failed or was cancelled
             hold.released = True
             if self._direct:  # no I/O: give it back now
-                self._keeper.drop(lease)
+                self.keeper.drop(lease)
                 self.state.release_lease(lease)  # type: ignore[attr-defined]
             else:  # a cancelled flow cannot wait for a round trip
-                self._keeper.release_later(lease)
-        with self._lock:
-            if self._gates.get(hold.conversation_id) is hold:
-                del self._gates[hold.conversation_id]
+                self.keeper.release_later(lease)
+        with self.lock:
+            if self.gates.get(hold.conversation_id) is hold:
+                del self.gates[hold.conversation_id]
 
     @staticmethod
     def _detacher(hold: Hold, detached: Detached) -> Callable[[Running], None]:
@@ -526,19 +550,19 @@ class DeliveryMixin:
         try:
             if isinstance(call, asyncio.Future):  # we are on its loop (the flow's finally)
                 task = call.get_loop().create_task(drive_async(self._late(hold)))
-                with self._background_lock:
-                    self._background.add(task)
+                with self.background_lock:
+                    self.background.add(task)
                 task.add_done_callback(self._background_done)
             else:
-                Spawn(self._late(hold), self._background, self._background_lock).run_sync()
+                Spawn(self._late(hold), self.background, self.background_lock).run_sync()
         except Exception as exc:  # no thread or task to be had: do not keep it busy forever
             logger.warning("demote: cannot follow a running hook call of %r: %r", hold, exc)
             hold.detached = None
             self._free(hold)
 
     def _background_done(self, task: asyncio.Task[Any]) -> None:
-        with self._background_lock:
-            self._background.discard(task)
+        with self.background_lock:
+            self.background.discard(task)
 
     def _late(self, hold: Hold) -> Flow[None]:
         """Wait for a detached call to end, commit its batch if it succeeded, let go.
@@ -564,7 +588,7 @@ class DeliveryMixin:
                 hold.detached = None
                 if not failed:
                     self._late_failed(events, detached, exc)
-                yield from self._release(hold)
+                yield from self.release(hold)
                 return
             hold.detached = None  # the call ended: commit and release as usual
             yield from self._late_commit(hold, detached, events)
@@ -584,14 +608,14 @@ class DeliveryMixin:
     def _late_commit(self, hold: Hold, d: Detached, events: list[DemoteEvent]) -> Flow[None]:
         """The watermark past a batch accepted late, if it still stands where it began."""
         cid = hold.conversation_id
-        current = yield from self._store("get", cid)
+        current = yield from self.store_op("get", cid)
         if (
             current is not None and current.generation == d.generation and current.delivered == d.lo
         ):  # (``hi`` may pass the window start: results sent as placeholders)
             late = replace(current, delivered=d.hi)
-            if (yield from self._commit(hold, current, late, release=True)):
+            if (yield from self.commit(hold, current, late, release=True)):
                 self._retry.succeeded(cid)
                 self._accepted(events, d.batch, d.lo, d.hi, d.sent, time.perf_counter() - d.began)
                 self._tally.note_pending(cid, max(0, late.window_start - late.delivered))
                 return
-        yield from self._release(hold)
+        yield from self.release(hold)

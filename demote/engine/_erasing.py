@@ -7,8 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from demote._validate import seconds
-from demote.engine._delivery import DeliveryMixin, Hold
+from demote.engine._delivery import Delivery, Hold, Tally
 from demote.engine._flow import Call, Flow, Sleep
+from demote.engine._views import ViewCache
+from demote.engine.retry import RetryTracker
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError
 from demote.records import MessageRecord, make_key
@@ -19,12 +21,18 @@ T = TypeVar("T")
 _POLL_SECONDS = 0.05
 
 
-class EraseMixin(DeliveryMixin):
-    """The Demoter's ``erase``."""
+class Eraser:
+    """A Demoter's ``erase``: wait for (or take over) a delivery, erase every tier."""
 
-    lease_ttl: float
+    def __init__(
+        self, delivery: Delivery, views: ViewCache, retry: RetryTracker, tally: Tally
+    ) -> None:
+        self._delivery = delivery
+        self._views = views
+        self._retry = retry
+        self._tally = tally
 
-    def _erase(
+    def erase(
         self,
         conversation_id: str,
         messages: Sequence[T] | None,
@@ -40,37 +48,38 @@ class EraseMixin(DeliveryMixin):
         if messages is not None and describe is not None:
             derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
             keys = list(dict.fromkeys([*derived, *(keys or ())]))
-        wait = self.lease_ttl if wait is None else seconds("wait", wait, zero=True)
+        delivery = self._delivery
+        wait = delivery.lease_ttl if wait is None else seconds("wait", wait, zero=True)
         deadline = time.monotonic() + wait
         hold: Hold | None = None
         took_over = False
         try:
             while True:  # wait for a delivery in flight, here or elsewhere, to end
-                hold = yield from self._take_leased(cid)
+                hold = yield from delivery.take_leased(cid)
                 if hold is not None or time.monotonic() >= deadline:
                     break
                 yield Sleep(_POLL_SECONDS)
             if hold is None:  # it did not end in time: revoke its lease and take over
                 took_over = True
-                with self._lock:
-                    self._gates.pop(cid, None)
-                yield from self._store("delete", cid)
-                hold = yield from self._take_leased(cid)
+                with delivery.lock:
+                    delivery.gates.pop(cid, None)
+                yield from delivery.store_op("delete", cid)
+                hold = yield from delivery.take_leased(cid)
             fence = hold.lease.token if hold is not None and hold.lease is not None else None
             reports: list[TierReport] = []
-            for holder in (self.hook, *also):
+            for holder in (delivery.hook, *also):
                 reports += yield from erase_tiers(holder, cid, fence, keys)
-            yield from self._store("delete", cid)  # state, summary and lease, bytes too
+            yield from delivery.store_op("delete", cid)  # state, summary and lease, bytes too
             if hold is not None and hold.lease is not None:
                 hold.released = True
-                self._keeper.drop(hold.lease)
-            self._forget_everywhere(cid)
+                delivery.keeper.drop(hold.lease)
+            self.forget_everywhere(cid)
             return EraseReport(cid, tuple(reports), True, took_over)
         finally:
             if hold is not None:
-                self._let_go(hold)
+                delivery.let_go(hold)
 
-    def _forget_everywhere(self, cid: str) -> None:
+    def forget_everywhere(self, cid: str) -> None:
         """Drop what this process keeps of the conversation (caches, counters, errors)."""
         self._views.forget(cid)
         self._retry.succeeded(cid)

@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,12 +55,11 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from demote._closing import Closing
 from demote._validate import count, seconds
-from demote.backends.breaker import Throttle, breaker_of
-from demote.engine._compaction import CompactionMixin
-from demote.engine._delivery import FRESH, Hold, Tally, Work
-from demote.engine._erasing import EraseMixin
+from demote.backends.breaker import Throttle
+from demote.engine._compaction import Compactor
+from demote.engine._delivery import FRESH, Delivery, Tally, Work
+from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
-from demote.engine._runner import HookRunner, LeaseKeeper
 from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
@@ -85,7 +82,7 @@ from demote.records import (
     make_key,
     parts_digest,
 )
-from demote.state.base import Lease, StateStore, validate_conversation_id
+from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
 from demote.window.clearing import PLACEHOLDER_TOKENS
@@ -221,7 +218,7 @@ def _call_ids(opens: object) -> tuple[str, ...]:
     return cast("tuple[str, ...]", ids)
 
 
-class Demoter(EraseMixin, CompactionMixin, Closing):
+class Demoter(Closing):
     """Keeps each conversation's active window and demotes what falls out, once.
 
     One Demoter serves any number of conversations; share it across adapters.
@@ -311,12 +308,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         self.state: StateStore = store
         self.on_hook_error = on_hook_error
         self.on_store_error = on_store_error
-        self._breaker = breaker_of(store)
         self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
         self._degraded_since: float | None = None
         self._unsure: set[str] = set()  # delivered, but the commit failed
-        # Leases whose release may have failed, or holders whose grant was not heard of.
-        self._stranded: dict[str, Lease | str] = {}
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -335,7 +329,6 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             else ClearToolResults.model_fields["head_tokens"].default
         )
         self._noop = type(self.hook) is NoopHook
-        self._probe = callable(getattr(self.hook, "has_keys", None))
         self._direct = bool(getattr(store, "nonblocking", False))
         self._leasing = callable(getattr(store, "acquire_lease", None))
         attach = getattr(store, "attach", None)
@@ -343,17 +336,29 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
             attach()
         self._views = ViewCache(count("cached_conversations", cached_conversations))
         self._retry = RetryTracker(retry or Backoff())
-        self._runner = HookRunner(count("hook_threads", hook_threads))
-        self._keeper = LeaseKeeper(store, self.lease_ttl)
         self._observers = Observers()
         self._tally = Tally()
-        self._background: set[Any] = set()
-        self._background_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._gates: dict[str, Hold] = {}
-        self._compacting: dict[str, object] = {}
-        self._instance = uuid.uuid4().hex[:12]
-        self._holders = itertools.count(1)
+        # Its parts, each with its own state: delivery (gates, leases, the store's
+        # breaker, hook threads, background flows), summaries, erase.
+        self._delivery = Delivery(
+            store,
+            self.hook,
+            hook_timeout=self.hook_timeout,
+            hook_wait=self.hook_wait,
+            lease_ttl=self.lease_ttl,
+            max_batch=self.max_batch,
+            hook_threads=count("hook_threads", hook_threads),
+            views=self._views,
+            retry=self._retry,
+            observers=self._observers,
+            tally=self._tally,
+        )
+        self._compactor = (
+            None
+            if summarizer is None
+            else Compactor(summarizer, self._delivery, self._observers, self._tally)
+        )
+        self._eraser = Eraser(self._delivery, self._views, self._retry, self._tally)
 
     # -- describing messages -------------------------------------------------------------
 
@@ -483,7 +488,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         with tally.lock:
             tally.loads += 1
         try:
-            stored = yield from self._guarded("get", cid)
+            stored = yield from self._delivery.guarded("get", cid)
         except Exception as exc:  # down, slow or skipped: plan from the history alone
             if self.on_store_error == "raise":
                 raise
@@ -496,8 +501,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
-        if done is not None and done.plan.compact is not None and self.summarizer is not None:
-            yield from self._maybe_compact(cid, done)
+        if done is not None and done.plan.compact is not None and self._compactor is not None:
+            yield from self._compactor.maybe_compact(cid, done)
         if not window.degraded:
             tally.note_pending(cid, window.pending)
         if window.events:
@@ -512,9 +517,10 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         work: Work,
     ) -> Flow[tuple[Window[T], Work | None]]:
         """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
-        if not (work.changed or self._deliverable(cid, work)):
+        delivery = self._delivery
+        if not (work.changed or delivery.deliverable(cid, work)):
             return self._window(cid, work), work
-        hold = self._take(cid)
+        hold = delivery.take(cid)
         if hold is None:  # another caller of this process is delivering
             self._unconfirmed(cid, work)
             return self._window(cid, work), work
@@ -522,31 +528,31 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         try:
             try:
                 if self._leasing and getattr(self.state, "shared", True):
-                    yield from self._unstrand(cid)
+                    yield from delivery.unstrand(cid)
                     try:
-                        lease = yield from self._guarded(
+                        lease = yield from delivery.guarded(
                             "acquire_lease", cid, hold.holder, self.lease_ttl
                         )
                     except Exception:  # granted, perhaps, and the reply lost
-                        self._stranded[cid] = hold.holder
+                        delivery.stranded[cid] = hold.holder
                         raise
                     if lease is None:  # another worker is delivering
                         self._unconfirmed(cid, work)
                         return self._window(cid, work), work
                     hold.lease = lease
-                    self._keeper.hold(lease)
+                    delivery.keeper.hold(lease)
                     current = lease.state
                 else:  # the gate alone: its last holder may have committed since we read
-                    current = yield from self._guarded("get", cid)
+                    current = yield from delivery.guarded("get", cid)
                 if current != stored:  # it moved on since we read it: plan again
                     replanned = self._prepare(cid, work.messages, describe, current, work.reserved)
                     if isinstance(replanned, Window):
-                        yield from self._release(hold)
+                        yield from delivery.release(hold)
                         return replanned, None
                     work = replanned
                 if cid in self._unsure:  # delivered before, but that commit failed
                     work.known = True
-                committed, demoted, error = yield from self._settle(hold, work)
+                committed, demoted, error = yield from delivery.settle(hold, work)
             except Exception as exc:  # the store failed mid-way (hook errors are settled)
                 if self.on_store_error == "raise":
                     raise
@@ -554,9 +560,9 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
                 if any(e.kind == "delivered" for e in work.events):
                     self._unsure.add(cid)  # the next delivery asks what the hook holds
                 if hold.lease is not None and not hold.released:
-                    self._stranded[cid] = hold.lease
+                    delivery.stranded[cid] = hold.lease
         finally:
-            self._let_go(hold)
+            delivery.let_go(hold)
         if failure is not None:
             self._unconfirmed(cid, work)
             return self._degraded(cid, self._window(cid, work), failure), None
@@ -593,7 +599,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
 
     def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
         """``window`` marked degraded, with its event; warned about once a period."""
-        retry_in = self._breaker.retry_in()
+        retry_in = self._delivery.breaker.retry_in()
         event = DemoteEvent.degraded(
             cid, "state", error, start=window.start, end=window.total, retry_in=retry_in
         )
@@ -973,7 +979,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         Returns:
             What each tier did.
         """
-        return drive_sync(self._erase(conversation_id, messages, describe, wait, also, keys))
+        return drive_sync(self._eraser.erase(conversation_id, messages, describe, wait, also, keys))
 
     async def aerase(
         self,
@@ -986,22 +992,24 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         keys: Sequence[str] | None = None,
     ) -> EraseReport:
         """Async :meth:`erase` (stores and tiers are awaited)."""
-        flow = self._erase(conversation_id, messages, describe, wait, also, keys)
+        flow = self._eraser.erase(conversation_id, messages, describe, wait, also, keys)
         return await drive_async(flow)
 
     def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
         cid = validate_conversation_id(conversation_id)
         if how == "clear" and not callable(getattr(self.state, "clear", None)):
             how = "delete"  # a store from before tombstones
-        with self._lock:
-            self._gates.pop(cid, None)
-            self._compacting.pop(cid, None)
+        delivery = self._delivery
+        with delivery.lock:
+            delivery.gates.pop(cid, None)
+            if self._compactor is not None:
+                self._compactor.forget(cid)
             if self._direct:  # in the same step, so no commit of a taken gate lands after
                 getattr(self.state, how)(cid)
         self._views.forget(cid)
         self._retry.succeeded(cid)
         if not self._direct:
-            yield from self._store(how, cid)
+            yield from delivery.store_op(how, cid)
 
     def seed(self, conversation_id: str, state: ConversationState) -> bool:
         """Replace the conversation's committed state with ``state``; ``True`` if stored.
@@ -1020,8 +1028,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         cid = validate_conversation_id(conversation_id)
         if not isinstance(state, ConversationState):
             raise ConfigError(f"state: expected a ConversationState, got {type(state).__name__}")
-        current = yield from self._store("get", cid)
-        return bool((yield from self._store("compare_and_set", cid, current, state)))
+        current = yield from self._delivery.store_op("get", cid)
+        return bool((yield from self._delivery.store_op("compare_and_set", cid, current, state)))
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for background work started by sync loads (summaries); ``True`` if idle.
@@ -1030,8 +1038,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._background_lock:
-                threads = [t for t in self._background if isinstance(t, threading.Thread)]
+            with self._delivery.background_lock:
+                threads = [t for t in self._delivery.background if isinstance(t, threading.Thread)]
             if not threads:
                 return True
             for thread in threads:
@@ -1044,8 +1052,8 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
         """Await background tasks started by async loads (and threads of sync loads)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            with self._background_lock:
-                tasks = [t for t in self._background if isinstance(t, asyncio.Task)]
+            with self._delivery.background_lock:
+                tasks = [t for t in self._delivery.background if isinstance(t, asyncio.Task)]
             if not tasks:
                 break
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -1067,7 +1075,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     async def astate_of(self, conversation_id: str) -> ConversationState:
         """Async :meth:`state_of`."""
         cid = validate_conversation_id(conversation_id)
-        return (await drive_async(self._store("get", cid))) or ConversationState()
+        return (await drive_async(self._delivery.store_op("get", cid))) or ConversationState()
 
     # -- observability ---------------------------------------------------------------------
 
@@ -1112,7 +1120,7 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
     async def aconversation_stats(self, conversation_id: str) -> ConversationStats:
         """Async :meth:`conversation_stats` (the store is awaited)."""
         cid = validate_conversation_id(conversation_id)
-        state = (await drive_async(self._store("get", cid))) or FRESH
+        state = (await drive_async(self._delivery.store_op("get", cid))) or FRESH
         return self._conversation_stats(cid, state)
 
     def _conversation_stats(self, cid: str, state: ConversationState) -> ConversationStats:
@@ -1132,5 +1140,5 @@ class Demoter(EraseMixin, CompactionMixin, Closing):
 
     def close(self) -> None:
         """Stop the engine's threads (hook calls still running finish on their own)."""
-        self._keeper.close()
-        self._runner.close()
+        self._delivery.keeper.close()
+        self._delivery.runner.close()

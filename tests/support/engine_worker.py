@@ -211,7 +211,7 @@ def make_demoter(config: Config, store: Any, sink: Sink) -> Demoter:
         hook_wait=None,  # each load waits its (slow) hook out: the leases are what is watched
     )
     if not config.renew:
-        demoter._keeper.close()  # the control: nothing renews this worker's leases
+        demoter._delivery.keeper.close()  # the control: nothing renews this worker's leases
     return demoter
 
 

@@ -227,7 +227,7 @@ def test_a_lease_left_behind_by_a_failed_commit_does_not_hold_demotion_off() -> 
     store.fail_once = {"compare_and_set", "release_lease"}
     assert d.load("c", msgs, describe(d)).degraded
     wait_closed(store)
-    d._keeper.close()  # no background release either: the next load must do it
+    d._delivery.keeper.close()  # no background release either: the next load must do it
     msgs += history(8, system=False)
     w = d.load("c", msgs, describe(d))
     assert not w.degraded and w.pending == 0 and w.demoted > 0
@@ -502,7 +502,7 @@ def test_one_breaker_per_store_object_shared_by_its_demoters() -> None:
     assert breaker_of(store) is breaker_of(store)
     assert breaker_of(store) is not breaker_of(InMemoryStateStore())
     d1, d2 = Demoter(POLICY, state=store), Demoter(POLICY, state=store)
-    assert d1._breaker is d2._breaker is breaker_of(store)
+    assert d1._delivery.breaker is d2._delivery.breaker is breaker_of(store)
 
 
 @pytest.mark.parametrize(

@@ -135,7 +135,7 @@ def test_a_hung_sync_hook_is_bounded_by_hook_timeout_and_called_once_at_a_time()
     assert sink.calls == 1 and sink.max_running["c"] == 1, "not handed the same batch again"
     sink.release.set()
     deadline = time.monotonic() + 10
-    while d._gates and time.monotonic() < deadline:  # the late call finishes and lets go
+    while d._delivery.gates and time.monotonic() < deadline:  # the late call finishes and lets go
         time.sleep(0.01)
     _recovered(d, sink, "c", history)
     assert sink.max_running["c"] == 1
@@ -149,7 +149,7 @@ async def test_a_hung_sync_hook_from_async_loads_never_takes_the_loops_threads()
     for n in range(3):
         w = await d.aload(f"hung-{n}", _turn(0) + _turn(1), describer(d))
         assert w.pending == 2
-    assert d._runner.busy == 2, "two calls hang; the third was refused, not queued"
+    assert d._delivery.runner.busy == 2, "two calls hang; the third was refused, not queued"
     # The application's own threads are free, and other conversations keep working as
     # long as a hook thread is: here none is, so their messages wait, pending, bounded.
     assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5) == 42
@@ -157,7 +157,7 @@ async def test_a_hung_sync_hook_from_async_loads_never_takes_the_loops_threads()
     assert (w.start, w.pending) == (2, 2)
     sink.release.set()
     deadline = time.monotonic() + 10
-    while d._runner.busy and time.monotonic() < deadline:
+    while d._delivery.runner.busy and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     d2 = Demoter(SlidingWindow.last_messages(2), sink, state=d.state)  # no backoff
     w = await d2.aload("healthy", _turn(0) + _turn(1), describer(d2))
@@ -220,7 +220,7 @@ def test_a_late_success_of_a_timed_out_call_is_counted() -> None:
     assert d.load("c", history, describer(d)).pending == 2
     sink.release.set()
     deadline = time.monotonic() + 10
-    while d._gates and time.monotonic() < deadline:
+    while d._delivery.gates and time.monotonic() < deadline:
         time.sleep(0.01)
     assert d.state_of("c").delivered == 2, "the call that finished late moved the watermark"
     assert d.load("c", history, describer(d)).pending == 0

@@ -108,7 +108,7 @@ def test_a_paused_worker_loses_its_lease_and_its_late_commit_and_write_are_refus
     store, sink = InMemoryStateStore(), SharedSink(check_fence=True)
     a = worker(store, sink, "a", lease_ttl=0.2)
     b = worker(store, sink, "b", lease_ttl=0.2)
-    a._keeper.close()  # a "paused" process: nothing renews its lease
+    a._delivery.keeper.close()  # a "paused" process: nothing renews its lease
     msgs = chat(10)
     sink.delay["a"] = 0.6
     t, box = in_thread(lambda: a.load("c", msgs, describer(a)))
@@ -131,7 +131,7 @@ def test_without_renewal_a_slow_worker_would_deliver_twice() -> None:
     store, sink = InMemoryStateStore(), SharedSink()
     a = worker(store, sink, "a", lease_ttl=0.2)
     b = worker(store, sink, "b", lease_ttl=0.2)
-    a._keeper.close()
+    a._delivery.keeper.close()
     msgs = chat(10)
     sink.delay["a"] = 0.6
     t, _ = in_thread(lambda: a.load("c", msgs, describer(a)))

@@ -156,7 +156,7 @@ def test_a_late_success_is_committed_without_another_load(tmp_path: Path) -> Non
     assert d.drain(10)
     state = d.state_of("c")
     assert (state.window_start, state.delivered) == (4, 4), "committed by the background call"
-    assert d._gates == {}, "the gate was let go"
+    assert d._delivery.gates == {}, "the gate was let go"
     w = d.load("c", history, describer(d))
     assert w.pending == 0 and sorted(sink.indexes["c"]) == [0, 1, 2, 3]
     assert sink.duplicates() == 0
@@ -199,7 +199,7 @@ def test_hook_timeout_bounds_only_the_background_call() -> None:
     while d.conversation_stats("c").failures == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "HookTimeout" in (d.conversation_stats("c").last_error or "")
-    assert d._gates, "the call still runs: the conversation stays busy"
+    assert d._delivery.gates, "the call still runs: the conversation stays busy"
     _exactly_once(sink, d, "c", history)  # its late success still counts
     assert len(sink.keys) == 2
 
