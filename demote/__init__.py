@@ -12,7 +12,8 @@ from importlib.metadata import version as _version
 from demote.archive.postgres import PostgresArchive
 from demote.archive.sqlite import SQLiteArchive
 from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
-from demote.engine.demoter import Demoter, Window
+from demote.engine.demoter import Demoter
+from demote.engine.result import Window
 from demote.engine.retry import Backoff
 from demote.errors import (
     ArgumentTypeError,

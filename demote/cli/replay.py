@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from demote.cli.cachecost import PRICINGS, CacheCost, CacheMeter, Pricing, Prompt
 from demote.cli.transcript import Transcript
-from demote.engine.demoter import Demoter, render_summary
+from demote.engine.demoter import Demoter
+from demote.engine.result import render_summary
 from demote.errors import ConfigError, MissingExtraError
 from demote.records import MessageRecord, fingerprint
 from demote.window.policy import Bulk, Compact, SlidingWindow

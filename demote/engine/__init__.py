@@ -1,6 +1,7 @@
 """The demotion engine: the Demoter and its parts (flow, delivery, compaction, erase).
 
-``demote.engine.demoter`` holds the :class:`Demoter` and its theory of operation. The
+``demote.engine.demoter`` holds the :class:`Demoter` and its theory of operation,
+``demote.engine.result`` the :class:`Window` a load returns. The
 Demoter is composed of parts, each an object with its own state that it holds (not
 inherits): ``Delivery`` (``_delivery``: the gate and lease, batches, the fenced commit,
 the store's breaker, hook threads and background flows), ``Compactor`` (``_compaction``:
@@ -10,10 +11,10 @@ per-conversation views (``_views``), the hook threads and lease keeper (``_runne
 retry backoff.
 """
 
-from demote.engine.demoter import (
+from demote.engine.demoter import Demoter
+from demote.engine.result import (
     PROGRESS_PREFIX,
     SUMMARY_PREFIX,
-    Demoter,
     Window,
     render_progress,
     render_summary,

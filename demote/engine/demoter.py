@@ -50,8 +50,8 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Literal, TypeVar, cast
+from dataclasses import replace
+from typing import Any, Literal, TypeVar, cast
 
 from demote._closing import Closing
 from demote._validate import count, seconds
@@ -61,6 +61,7 @@ from demote.engine._delivery import FRESH, Delivery, Tally, Work
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine.result import Window, render_summary
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
 from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
@@ -90,32 +91,7 @@ from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import ClearToolResults, Compact, SlidingWindow
 from demote.window.tokens import TokenCache
 
-__all__ = [
-    "PROGRESS_PREFIX",
-    "SUMMARY_PREFIX",
-    "Demoter",
-    "Window",
-    "render_progress",
-    "render_summary",
-]
-
-#: How adapters introduce the running summary to the model (one system message).
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
-
-#: How adapters introduce the running summary when the window starts inside a turn: a
-#: progress note on the task the opener set, sent with the opener (see :class:`Window`).
-PROGRESS_PREFIX = "Progress so far on this task (earlier steps, summarized):\n"
-
-
-def render_summary(summary: str) -> str:
-    """The text of the one system message that carries the running summary."""
-    return SUMMARY_PREFIX + summary
-
-
-def render_progress(summary: str) -> str:
-    """The text of the progress note that carries the summary after a window's opener."""
-    return PROGRESS_PREFIX + summary
-
+__all__ = ["Demoter"]
 
 logger = logging.getLogger("demote")
 
@@ -130,79 +106,6 @@ _DEGRADED_WHAT = {
 }
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Window(Generic[T]):
-    """What a load returns: the part of the history the model should see.
-
-    Attributes:
-        conversation_id: The conversation.
-        pinned: Leading system messages (never demoted).
-        summary: The committed running summary, or ``None``.
-        messages: The kept messages, oldest first.
-        start: Absolute index of ``messages[0]``.
-        total: Length of the full history.
-        demoted: Messages this call handed to the hook.
-        pending: Messages that left the window but the hook has not accepted yet (they
-            are retried with backoff; the inner store still has them).
-        delivered: The hook's watermark: messages before it were accepted. It may run
-            ahead of ``start``: cleared and clipped tool results in the window are handed
-            to the hook before the model is sent their placeholders.
-        events: What this load did (demoted, delivered, failed, re-synced, cleared,
-            overhang, degraded), oldest first.
-        degraded: The state store failed or was skipped (its breaker is open): the window
-            was planned without it (from the history alone when even the read failed:
-            the policy over a fresh state, pinned messages kept), and nothing was
-            delivered or committed. ``pending`` and ``delivered`` are then as planned,
-            not as committed. The next load after the store is back catches up.
-        opener: When the window starts inside a turn (at a step boundary), the message
-            that opened the turn, sent between the summary and ``messages`` so the model
-            still sees the task (and every request starts with a user message); else
-            ``None``. It is before ``start``: it was handed to the hook too.
-        opener_index: The opener's absolute index (recall skips it: the model sees it).
-        placeholders: Absolute index -> the text the model is sent instead of that tool
-            result's content (cleared: :func:`demote.window.clearing.placeholder_text`, naming
-            the archived key). Adapters send a copy of the message with this content and
-            everything else (call id, tool name, status, ids) kept.
-        clipped: Absolute index -> the head of an oversized tool result and a placeholder
-            for the rest (:func:`demote.window.clearing.clipped_text`), sent the same way.
-        overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
-            messages, the opener, the newest step after clipping) alone exceeds the
-            limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
-
-    How adapters render it for the model: ``pinned``, then the summary (one system
-    message, :func:`render_summary`) unless there is an ``opener``, then the opener (with
-    the summary as a progress note, :func:`render_progress`, appended to a copy of it as
-    one more text block: a system message mid-conversation is refused by some providers,
-    and a second user message in a row by others), then ``messages`` with
-    ``placeholders`` and ``clipped`` applied.
-    """
-
-    conversation_id: str
-    pinned: list[T]
-    summary: str | None
-    messages: list[T]
-    start: int
-    total: int
-    demoted: int = 0
-    pending: int = 0
-    delivered: int = 0
-    events: tuple[DemoteEvent, ...] = ()
-    opener: T | None = None
-    placeholders: dict[int, str] = field(default_factory=dict)
-    clipped: dict[int, str] = field(default_factory=dict)
-    overhang: int = 0
-    opener_index: int | None = None
-    degraded: bool = False
-
-    def __len__(self) -> int:
-        return len(self.pinned) + (self.opener is not None) + len(self.messages)
-
-    def replacement(self, index: int) -> str | None:
-        """The text sent instead of the content of the message at ``index``, if any."""
-        text = self.placeholders.get(index)
-        return self.clipped.get(index) if text is None else text
 
 
 def _call_ids(opens: object) -> tuple[str, ...]:
