@@ -39,6 +39,7 @@ from bench import (  # noqa: E402
     pg_archive,
     recall_cv,
     recall_locomo,
+    step_cost,
     turn_cost,
 )
 from bench.common import RESULTS  # noqa: E402
@@ -52,6 +53,7 @@ SECTIONS = {
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
     "7": "agents",
+    "7b": "step_cost",  # one load as one agent turn grows to 1,000 steps
     "8": "outage",  # each store skipped, and says why, without its service
 }
 
@@ -95,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "agents":
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "step_cost":
+            print(step_cost.report(step_cost.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "outage":
             print(outage.report(outage.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "recall_cv":

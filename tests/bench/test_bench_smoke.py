@@ -58,6 +58,11 @@ def test_quick_bench_writes_every_section(
     assert capture["sqlite"]["loads_per_second"]["1"] > 0
 
     assert "## 7. Agents" in printed
+    assert "## 7b. Agents: one load inside one growing turn" in printed
+    steps = json.loads((tmp_path / "step_cost.json").read_text())
+    for setup in steps["setups"].values():  # every measured load cut the window
+        assert setup["first_cut_step"] <= steps["setups"]["engine (NoopHook)"]["rows"][0]["steps"]
+        assert setup["peak_window_tokens"] <= steps["limit"]
     agents = json.loads((tmp_path / "agents.json").read_text())
     rows = {(r["trace"], r["setup"]): r for r in agents["rows"]}
     bare = rows[("long_request", "no memory")]
