@@ -41,7 +41,6 @@ Run alone with ``python -m bench.capture_scale``.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -60,6 +59,7 @@ from bench.common import (
     RESULTS,
     agg_backend,
     environment,
+    section_main,
     synthetic_chat,
     table,
     write_json,
@@ -657,11 +657,7 @@ def report(payload: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.capture_scale")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    print(report(run(quick=args.quick, out=args.out)))
+    section_main("python -m bench.capture_scale", run, report, argv)
 
 
 if __name__ == "__main__":

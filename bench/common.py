@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import math
@@ -170,3 +171,17 @@ def progress(items: Sequence[Any], desc: str, quiet: bool) -> Iterator[Any]:
         yield from items
         return
     yield from tqdm(items, desc=desc, leave=False, file=sys.stderr)
+
+
+def section_main(
+    prog: str,
+    run: Callable[..., dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    argv: Sequence[str] | None = None,
+) -> None:
+    """``python -m bench.<section> [--quick] [--out DIR]``: run one section, print it."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results are written")
+    args = parser.parse_args(argv)
+    print(report(run(quick=args.quick, out=args.out)))

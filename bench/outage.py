@@ -32,20 +32,19 @@ Run alone with ``python -m bench.outage [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.common import RESULTS, environment, table, write_json
+from bench.common import RESULTS, environment, section_main, table, write_json
 from demote import Bulk, Demoter, SlidingWindow
 from demote.records import Demotion, MessageRecord
 from tests.support.tcp_proxy import TcpProxy
@@ -340,12 +339,8 @@ def report(payload: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    print(report(run(quick=args.quick, out=args.out)))
+def main(argv: Sequence[str] | None = None) -> None:
+    section_main("python -m bench.outage", run, report, argv)
 
 
 if __name__ == "__main__":

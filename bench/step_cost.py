@@ -23,7 +23,6 @@ to 1,000 steps.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -31,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, environment, table, write_json
+from bench.common import RESULTS, environment, section_main, table, write_json
 from demote import Demoter, NoopHook, SlidingWindow, SQLiteArchive
 from demote.records import MessageRecord
 
@@ -150,12 +149,7 @@ def report(payload: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m bench.step_cost``."""
-    parser = argparse.ArgumentParser(prog="python -m bench.step_cost")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    print(report(run(quick=args.quick, out=args.out)))
+    section_main("python -m bench.step_cost", run, report, argv)
 
 
 if __name__ == "__main__":
