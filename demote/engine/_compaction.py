@@ -16,9 +16,10 @@ import threading
 import time
 from dataclasses import replace
 
-from demote.engine._delivery import FRESH, Delivery, Hold, Tally, Work
+from demote.engine._delivery import Delivery
 from demote.engine._flow import Flow, Sleep, Spawn, Summarize
 from demote.engine._views import trail_at
+from demote.engine._work import FRESH, Hold, Tally, Work
 from demote.events import DemoteEvent, Observers
 
 logger = logging.getLogger("demote")

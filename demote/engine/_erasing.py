@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from demote._validate import seconds
-from demote.engine._delivery import Delivery, Hold, Tally
+from demote.engine._delivery import Delivery
 from demote.engine._flow import Call, Flow, Sleep
 from demote.engine._views import ViewCache
+from demote.engine._work import Hold, Tally
 from demote.engine.retry import RetryTracker
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError

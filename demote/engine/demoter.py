@@ -57,10 +57,11 @@ from demote._closing import Closing
 from demote._validate import count, seconds
 from demote.backends.breaker import Throttle
 from demote.engine._compaction import Compactor
-from demote.engine._delivery import FRESH, Delivery, Tally, Work
+from demote.engine._delivery import Delivery
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport

@@ -1,0 +1,119 @@
+"""What the Demoter's parts pass each other.
+
+A load's :class:`Work`, a conversation's :class:`Hold` (gate and lease), a
+:class:`Detached` hook call, and the :class:`Tally` of counters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from demote.engine._flow import Running
+from demote.engine._views import View
+from demote.events import DemoteEvent
+from demote.records import ConversationState, Demotion
+from demote.state.base import Lease
+from demote.window.planner import Plan
+
+__all__ = ["FRESH", "Detached", "Hold", "Tally", "Work"]
+
+FRESH = ConversationState()
+
+#: How many conversations' last delivery errors a Demoter remembers.
+_ERRORS_KEPT = 10_000
+
+
+@dataclass(slots=True)
+class Work:
+    """One plan of one history against one committed state, and the state to commit."""
+
+    messages: Sequence[Any]
+    stored: ConversationState | None  # the committed state planned against
+    plan: Plan
+    view: View
+    target: ConversationState  # window moved; ``delivered`` as committed
+    resynced: bool
+    known: bool  # the hook may hold some of these messages already (re-sync, clear)
+    events: list[DemoteEvent] = field(default_factory=list)
+    reserved: int = 0  # tokens outside the messages the plan left room for
+
+    @property
+    def changed(self) -> bool:
+        # The planner's answer is the committed state itself when nothing moved.
+        return self.target is not (self.stored or FRESH)
+
+    @property
+    def deliver_end(self) -> int:
+        """End of what the hook must hold once this work is done.
+
+        Past the window start when results in the window are sent as placeholders
+        (their content goes to the hook first).
+        """
+        return max(self.target.window_start, self.plan.deliver.stop)
+
+
+@dataclass(slots=True, eq=False)
+class Hold:
+    """A conversation's in-process gate, and its store lease once taken."""
+
+    conversation_id: str
+    holder: str
+    lease: Lease | None = None
+    released: bool = False  # the lease was given back (or committed with release)
+    detached: Detached | None = None  # a hook call that outlived its load's wait
+    adopted: bool = False  # a background flow owns the hold until that call ends
+
+
+@dataclass(slots=True)
+class Detached:
+    """A batch whose hook call goes on after its load stopped waiting for it."""
+
+    running: Running | None  # set when the call outlives the wait
+    batch: Demotion
+    lo: int
+    hi: int
+    generation: int
+    sent: list[tuple[int, str]] | None  # (index, fingerprint) to mark sent on success
+    pending: int  # messages pending when the call began (for the log)
+    began: float  # time.perf_counter() at the call's start
+
+
+class Tally:
+    """The Demoter's counters for :meth:`~demote.Demoter.stats` (this process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loads = 0
+        self.delivered = 0
+        self.failures = 0
+        self.summaries = 0
+        self.resyncs = 0
+        self.degraded = 0
+        self.last_error: tuple[str, float] | None = None
+        self.errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.pending: OrderedDict[str, int] = OrderedDict()
+
+    def failed(self, cid: str, error: str) -> None:
+        with self.lock:
+            self.failures += 1
+            self.last_error = (error, time.time())
+            self.errors[cid] = self.last_error
+            self.errors.move_to_end(cid)
+            if len(self.errors) > _ERRORS_KEPT:
+                self.errors.popitem(last=False)
+
+    def note_pending(self, cid: str, pending: int) -> None:
+        if pending:
+            with self.lock:
+                self.pending[cid] = pending
+                self.pending.move_to_end(cid)
+                if len(self.pending) > _ERRORS_KEPT:
+                    self.pending.popitem(last=False)
+        elif cid in self.pending:
+            with self.lock:
+                self.pending.pop(cid, None)
