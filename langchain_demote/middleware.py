@@ -114,7 +114,6 @@ from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMes
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
 from demote._validate import count
@@ -135,6 +134,12 @@ from langchain_demote._pruning import (
     prune_update,
     reconcile,
 )
+from langchain_demote._threads import (
+    FIRST_MESSAGE_PREFIX,
+    first_message_conversation_id,
+    run_thread_id,
+    thread_conversation_id,
+)
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.history import render_window
 from langchain_demote.messages import message_role, message_text, to_core
@@ -154,9 +159,6 @@ logger = logging.getLogger("demote")
 
 #: How recalled archive messages are introduced to the model (one system message).
 RECALL_PREFIX = "Relevant earlier messages from this conversation:\n"
-
-#: How the conversation id of an agent invoked without a thread id begins.
-FIRST_MESSAGE_PREFIX = "first-message:"
 
 # How many tool definitions' token counts a middleware remembers (by tool object).
 _TOOLS_KEPT = 1024
@@ -179,65 +181,6 @@ def render_recall(recalled: Sequence[Recalled]) -> str:
     """
     ordered = sorted(recalled, key=lambda r: r.index)
     return RECALL_PREFIX + "\n".join(f"[{r.role}] {r.text}" for r in ordered)
-
-
-def _thread_id(runtime: Runtime[Any]) -> str | None:
-    info = getattr(runtime, "execution_info", None)
-    thread_id = getattr(info, "thread_id", None)
-    if thread_id is None:
-        try:
-            thread_id = get_config().get("configurable", {}).get("thread_id")
-        except RuntimeError:  # not inside a runnable
-            thread_id = None
-    return None if thread_id is None else str(thread_id)
-
-
-def thread_conversation_id(runtime: Runtime[Any]) -> str:
-    """The LangGraph thread id of the running agent.
-
-    Args:
-        runtime: The model node's runtime.
-
-    Returns:
-        The thread id as a string.
-
-    Raises:
-        ConversationIdError: The agent was invoked without a thread id.
-    """
-    thread_id = _thread_id(runtime)
-    if thread_id is None:
-        raise ConversationIdError(
-            "the agent was invoked without a thread id: invoke it with "
-            "config={'configurable': {'thread_id': ...}}"
-        )
-    return thread_id
-
-
-def first_message_conversation_id(messages: Sequence[BaseMessage]) -> str:
-    """The conversation id of an agent invoked without a thread id.
-
-    ``"first-message:"`` followed by the id of the first message in the agent state.
-    LangGraph gives every message an id as it enters the state, so the id holds for as
-    long as the caller passes the returned messages back, and differs between two
-    conversations even when they start with the same words.
-
-    Args:
-        messages: The agent state's messages (``state["messages"]``).
-
-    Returns:
-        The conversation id.
-
-    Raises:
-        ConversationIdError: There is no message, or the first one has no id.
-    """
-    first = messages[0] if messages else None
-    if first is None or not first.id:
-        raise ConversationIdError(
-            "DemotingMiddleware: the agent has no thread id and its first message no id to "
-            "name the conversation by; invoke it with config={'configurable': "
-            "{'thread_id': ...}}, or pass conversation_id="
-        )
-    return FIRST_MESSAGE_PREFIX + first.id
 
 
 class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
@@ -446,7 +389,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         """The conversation of this model call (see ``conversation_id``)."""
         if self.conversation_id is not None:
             return self.conversation_id(request.runtime)
-        thread_id = _thread_id(request.runtime)
+        thread_id = run_thread_id(request.runtime)
         if thread_id is not None:
             return thread_id
         if self.prune_state:

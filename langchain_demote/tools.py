@@ -45,13 +45,11 @@ from demote.archive.render import TOOL_DESCRIPTION, RecallArgs, RecallOptions, a
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ConfigError
 from demote.window.tokens import Counter
+from langchain_demote._threads import first_message_id, run_thread_id
 
 __all__ = ["RecallInput", "RecallTool", "recall_tool"]
 
 logger = logging.getLogger("demote")
-
-#: How the conversation id of an agent without a thread id begins (DemotingMiddleware's).
-_FIRST_MESSAGE = "first-message:"
 
 
 class RecallInput(RecallArgs):
@@ -67,25 +65,6 @@ def _tool_runtime_type() -> type | None:
     except ImportError:  # pragma: no cover - without langgraph there is no tool node
         return None
     return ToolRuntime
-
-
-def _thread_id(runtime: Any, config: Mapping[str, Any] | None) -> str | None:
-    info = getattr(runtime, "execution_info", None)
-    thread_id = getattr(info, "thread_id", None)
-    for source in (getattr(runtime, "config", None), config):
-        if thread_id is None and isinstance(source, Mapping):
-            configurable = source.get("configurable")
-            if isinstance(configurable, Mapping):
-                thread_id = configurable.get("thread_id")
-    return None if thread_id is None else str(thread_id)
-
-
-def _first_message_id(runtime: Any) -> str | None:
-    state = getattr(runtime, "state", None)
-    messages = state.get("messages") if isinstance(state, Mapping) else None
-    first = messages[0] if isinstance(messages, list) and messages else None
-    first_id = getattr(first, "id", None)
-    return _FIRST_MESSAGE + first_id if isinstance(first_id, str) and first_id else None
 
 
 class RecallTool(BaseTool):
@@ -117,7 +96,9 @@ class RecallTool(BaseTool):
             except Exception as exc:
                 logger.warning("demote: the recall tool's conversation_id failed: %r", exc)
                 return None
-        return _thread_id(runtime, config) or _first_message_id(runtime)
+        state = getattr(runtime, "state", None)
+        messages = state.get("messages") if isinstance(state, Mapping) else None
+        return run_thread_id(runtime, config, from_context=False) or first_message_id(messages)
 
     def _flow(self, input_: dict[str, Any], config: RunnableConfig | None) -> Any:
         runtime = input_.pop("runtime", None)
