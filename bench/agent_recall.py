@@ -21,7 +21,7 @@ result that holds the fact, on deterministic traces generated offline:
   "read_file services/billing/settings.toml").
 
 Per question it records: whether the target is among the first search's hits (``hit@1``,
-``hit@k``), whether it is in the answer the model reads (:func:`demote.archive.render.answer`,
+``hit@k``), whether it is in the answer the model reads (:func:`demote.archive.recall_tool.answer`,
 the tools' own flow, within the default 500-token budget), and whether the fact's value
 itself is visible in that answer (no fetch needed).
 
@@ -44,7 +44,8 @@ from typing import Any
 
 from bench.common import RESULTS, environment, table, write_json
 from demote import Demoter, SlidingWindow
-from demote.archive.render import CUT_MARK, RecallOptions, answer
+from demote.archive.recall_tool import RecallOptions, answer
+from demote.archive.render import CUT_MARK
 from demote.archive.sqlite import SQLiteArchive
 from demote.engine._flow import drive_sync
 

@@ -26,7 +26,7 @@ conversation gets a sentence saying so. The answer is always text for the model
 (:mod:`demote.archive.render` renders it, the same for LlamaIndex), never an exception.
 
 Sync and async: ``invoke`` runs the archive's ``search`` / ``fetch``, ``ainvoke`` awaits
-``asearch`` / ``afetch``; both drive the one flow :func:`demote.archive.render.answer`.
+``asearch`` / ``afetch``; both drive the one flow :func:`demote.archive.recall_tool.answer`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,13 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolArg
 from pydantic import BaseModel, ConfigDict
 
-from demote.archive.render import TOOL_DESCRIPTION, RecallArgs, RecallOptions, answer, tool_options
+from demote.archive.recall_tool import (
+    TOOL_DESCRIPTION,
+    RecallArgs,
+    RecallOptions,
+    answer,
+    tool_options,
+)
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ConfigError
 from demote.window.tokens import Counter

@@ -14,14 +14,14 @@ an argument of the model: a key of another conversation is not found and a query
 ever searched for as words. The answer is always text for the model, rendered by
 :mod:`demote.archive.render` as for LangChain; ``call`` runs the archive's ``search`` /
 ``fetch`` and ``acall`` awaits ``asearch`` / ``afetch``, both through the one flow
-:func:`demote.archive.render.answer`.
+:func:`demote.archive.recall_tool.answer`.
 """
 
 from __future__ import annotations
 
 from llama_index.core.tools import FunctionTool
 
-from demote.archive.render import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
+from demote.archive.recall_tool import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
 from demote.engine._flow import drive_async, drive_sync
 from demote.state.base import validate_conversation_id
 from demote.window.tokens import Counter

@@ -1,34 +1,16 @@
-"""What a recall tool answers the model: archived messages rendered compactly (pure).
+"""Archived messages rendered compactly for a model to read (pure).
 
-Theory of operation
--------------------
-An agent's recall tool (``langchain_demote.recall_tool``, ``llamaindex_demote.recall_tool``)
-does one of two things for the model: it *searches* the conversation's long tail for a
-query, or it *fetches* one archived message by the key a placeholder names
-(:func:`demote.window.clearing.placeholder_text`). Both adapters run the same generator,
-:func:`answer`: it yields the archive call it needs (a :class:`demote.engine._flow.Call`: ``search``
-or ``fetch``, awaited as ``asearch`` / ``afetch`` on the async path), is sent the result
-(or the exception) back, and returns the text the model reads. So the decisions (which
-action, how the model's ``k`` and budget are bounded, what a missing conversation or a
-failing archive answers) are written once, for sync and async and for both frameworks.
-
-Every answer is a string, never an exception: the model gets a short, clear sentence when
-there is no conversation, nothing matches, the key is not this conversation's, or the
-archive is down. The conversation is never an argument the model gives: the adapters bind
-it from the run (the LangGraph thread) or the memory, and the archive scopes every read to
-it, so a key of another conversation is simply not found and a query is only ever text.
-
-Rendering. Each hit is one compact block ``[role, time] body`` (the time is the archive
-time, UTC, when the archive recorded it). The body comes from the whole message when the
-archive kept it (``Recalled.data``): an assistant message's tool calls
-read ``name({"arg": ...})``, a tool result reads ``name → result``, media blocks show as
-``[image]``; a text-only row shows its text. Hits are chosen best first until the token
-budget (counted with the given counter over the whole answer, newlines included) is spent.
-A hit longer than its share (a third of what is left, so several hits are seen) is shown
-by its lines that hold most of the query's terms, with its first line (a file's or a
-table's title) and ``…`` for what was left out (:func:`snippet`); the cut names the hit's
-key, so the model can fetch the whole message. The chosen hits are shown in conversation
-order.
+What the recall tools answer (:mod:`demote.archive.recall_tool`) is built here. Each hit
+is one compact block ``[role, time] body`` (the time is the archive time, UTC, when the
+archive recorded it). The body comes from the whole message when the archive kept it
+(``Recalled.data``): an assistant message's tool calls read ``name({"arg": ...})``, a tool
+result reads ``name → result``, media blocks show as ``[image]``; a text-only row shows
+its text. Hits are chosen best first until the token budget (counted with the given
+counter over the whole answer, newlines included) is spent. A hit longer than its share
+(a third of what is left, so several hits are seen) is shown by its lines that hold most
+of the query's terms, with its first line (a file's or a table's title) and ``…`` for
+what was left out (:func:`snippet`); the cut names the hit's key, so the model can fetch
+the whole message. The chosen hits are shown in conversation order.
 """
 
 from __future__ import annotations
@@ -39,29 +21,19 @@ import json
 import logging
 import math
 import re
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from demote.archive._fts import query_terms
 from demote.archive._schema import row_data
-from demote.engine._flow import Call
-from demote.errors import ConfigError
 from demote.records import Recalled
-from demote.window.tokens import Counter, approximate_tokens, resolve_counter
+from demote.window.tokens import Counter, approximate_tokens
 
 __all__ = [
     "CUT_MARK",
     "MIN_HIT_TOKENS",
-    "NO_CONVERSATION",
     "SHARE",
-    "TOOL_DESCRIPTION",
-    "RecallArgs",
-    "RecallOptions",
-    "answer",
     "cut_to_tokens",
     "hit_body",
     "hit_header",
@@ -69,7 +41,6 @@ __all__ = [
     "render_fetched",
     "render_hits",
     "snippet",
-    "tool_options",
 ]
 
 logger = logging.getLogger("demote")
@@ -80,24 +51,7 @@ CUT_MARK = " …[cut; fetch key {key} for all of it]"
 SHARE = 3
 #: A hit is only shown cut when at least this many tokens of the budget are left for it.
 MIN_HIT_TOKENS = 24
-#: What the model reads when the run names no conversation (no thread id).
-NO_CONVERSATION = (
-    "The recall tool cannot tell which conversation this is (the run has no thread id), "
-    "so it has nothing to search. Continue without it."
-)
-#: What the model is told a recall tool does.
-TOOL_DESCRIPTION = (
-    "Look up earlier messages of this conversation that are no longer in your context "
-    "(they were archived). To search, pass `query` (the words of what you need; optionally "
-    "`k` hits and `budget_tokens`). To read one archived message back in full, pass `key`: "
-    "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names."
-)
 _HEADER = "Archived messages of this conversation (oldest first):"
-_ECHO = 80  # characters of the model's own query or key echoed back
-
-
-def _echo(value: str) -> str:
-    return value if len(value) <= _ECHO else value[: _ECHO - 1] + "…"
 
 
 def cut_to_tokens(text: str, budget: int, count: Counter, suffix: str = "") -> str:
@@ -334,177 +288,4 @@ def recalled_from_columns(columns: Mapping[str, Any]) -> Recalled:
         key=str(columns.get("key", "")),
         data=dict(data) if isinstance(data, Mapping) else None,
         at=None if at is None else float(at),
-    )
-
-
-class RecallArgs(BaseModel):
-    """What the model passes a recall tool: a query to search, or a key to fetch."""
-
-    query: str | None = Field(
-        default=None, description="Words to search this conversation's archived messages for."
-    )
-    key: str | None = Field(
-        default=None, description="The archived key a placeholder names, to fetch that message."
-    )
-    k: int | None = Field(default=None, description="How many hits a search returns at most.")
-    budget_tokens: int | None = Field(default=None, description="Most tokens the answer may take.")
-
-
-def _bounded(name: str, value: int, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name}: must be an int >= {low}, got {value!r:.40}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class RecallOptions:
-    """A recall tool's bounds: what the model gets unless it asks, and at most.
-
-    Attributes:
-        k: Hits a search returns when the model does not say.
-        max_k: Most hits the model may ask for.
-        budget_tokens: Tokens a search answer may cost when the model does not say.
-        max_budget_tokens: Most tokens the model may ask a search or fetch for.
-        fetch_budget_tokens: Tokens a fetched message may cost when the model does not say
-            (a cleared tool result can be long: it is cut there, and the cut says so).
-        counter: Counts the answer's tokens (the policy's counter; approximate by default).
-        snippets: Show a long hit by its lines that match the query best, each hit within
-            its share of the budget (:func:`render_hits`); ``False``: by its head.
-    """
-
-    k: int = 5
-    max_k: int = 20
-    budget_tokens: int = 500
-    max_budget_tokens: int = 4000
-    fetch_budget_tokens: int = 2000
-    counter: Counter = approximate_tokens
-    snippets: bool = True
-
-    def __post_init__(self) -> None:
-        _bounded("k", self.k, 1)
-        _bounded("max_k", self.max_k, self.k)
-        _bounded("budget_tokens", self.budget_tokens, MIN_HIT_TOKENS * 2)
-        _bounded("fetch_budget_tokens", self.fetch_budget_tokens, MIN_HIT_TOKENS * 2)
-        _bounded(
-            "max_budget_tokens",
-            self.max_budget_tokens,
-            max(self.budget_tokens, self.fetch_budget_tokens),
-        )
-        if not callable(self.counter):
-            raise ConfigError(f"counter: must be a str -> int callable, got {self.counter!r:.40}")
-
-    def clamp_k(self, k: object) -> int:
-        """The model's ``k``, kept within ``[1, max_k]`` (the default when it gave none)."""
-        if isinstance(k, bool) or not isinstance(k, int):
-            return self.k
-        return min(max(k, 1), self.max_k)
-
-    def clamp_budget(self, budget: object, default: int) -> int:
-        """The model's token budget, kept within ``[MIN_HIT_TOKENS * 2, max_budget_tokens]``."""
-        if isinstance(budget, bool) or not isinstance(budget, int):
-            return default
-        return min(max(budget, MIN_HIT_TOKENS * 2), self.max_budget_tokens)
-
-
-def tool_options(
-    archive: object,
-    name: object,
-    *,
-    k: int,
-    max_k: int,
-    budget_tokens: int,
-    max_budget_tokens: int,
-    fetch_budget_tokens: int,
-    counter: str | Counter,
-    snippets: bool = True,
-) -> RecallOptions:
-    """Check a recall tool's archive and name, and build its options (both adapters).
-
-    Raises:
-        ConfigError: ``archive`` cannot both search and fetch, ``name`` is empty, or an
-            option is out of range (the message names it).
-    """
-    for method in ("search", "fetch"):
-        if not callable(getattr(archive, method, None)):
-            raise ConfigError(f"archive: {archive!r:.60} has no {method}() (an archive has both)")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: must be a non-empty str, got {name!r:.40}")
-    return RecallOptions(
-        k=k,
-        max_k=max_k,
-        budget_tokens=budget_tokens,
-        max_budget_tokens=max_budget_tokens,
-        fetch_budget_tokens=fetch_budget_tokens,
-        counter=resolve_counter(counter),
-        snippets=bool(snippets),
-    )
-
-
-def answer(
-    archive: object,
-    conversation_id: str | None,
-    options: RecallOptions,
-    *,
-    query: object = None,
-    key: object = None,
-    k: object = None,
-    budget_tokens: object = None,
-) -> Generator[Call, Any, str]:
-    """One recall tool call as a flow: fetch by ``key`` when given, else search ``query``.
-
-    Run by :func:`demote.engine._flow.drive_sync` or :func:`demote.engine._flow.drive_async`.
-
-    Args:
-        archive: Has ``search(conversation_id, query, k)`` and ``fetch(conversation_id,
-            key)`` (and optionally their async twins): ``SQLiteArchive``,
-            ``PostgresArchive``.
-        conversation_id: The run's conversation, bound by the adapter (``None``: the run
-            names none).
-        options: The tool's bounds.
-        query: The model's search text (any text; it is only ever searched for).
-        key: The archived key a placeholder names.
-        k: The model's number of hits (bounded by ``options``).
-        budget_tokens: The model's token budget (bounded by ``options``).
-
-    Returns:
-        The text the model reads; never raises for what the model passed or the archive
-        did (a failing archive is logged and answered with a sentence).
-    """
-    if conversation_id is None:
-        return NO_CONVERSATION
-    count = options.counter
-    key_text = key.strip() if isinstance(key, str) else ""
-    query_text = query if isinstance(query, str) else ""
-    if key_text:
-        budget = options.clamp_budget(budget_tokens, options.fetch_budget_tokens)
-        try:
-            hit = yield Call(archive, "fetch", (conversation_id, key_text), {})
-        except Exception as exc:
-            return _unavailable(conversation_id, exc)
-        if hit is None:
-            return f"No archived message with key {_echo(key_text)!r} in this conversation."
-        return render_fetched(hit, budget, count)
-    if not query_text.strip():
-        return (
-            "Give the recall tool a query to search this conversation's archived messages, "
-            "or the key a cleared result's placeholder names to fetch that message."
-        )
-    budget = options.clamp_budget(budget_tokens, options.budget_tokens)
-    try:
-        # No budget for the archive: a long best hit is shown cut (with its key), not
-        # dropped for a shorter, worse one.
-        hits = yield Call(archive, "search", (conversation_id, query_text, options.clamp_k(k)), {})
-    except Exception as exc:
-        return _unavailable(conversation_id, exc)
-    rendered = render_hits(list(hits), budget, count, query_text if options.snippets else "")
-    if rendered is None:
-        return f"No archived message of this conversation matches {_echo(query_text)!r}."
-    return rendered
-
-
-def _unavailable(conversation_id: str, exc: Exception) -> str:
-    logger.warning("demote: the recall tool failed for conversation %r: %r", conversation_id, exc)
-    return (
-        f"The archive could not be read just now ({type(exc).__name__}); "
-        "continue without it or try again later."
     )

@@ -27,7 +27,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
 from demote import Demoter, SlidingWindow
-from demote.archive.render import CUT_MARK, NO_CONVERSATION
+from demote.archive.recall_tool import NO_CONVERSATION
+from demote.archive.render import CUT_MARK
 from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ConfigError
 from demote.window.clearing import placeholder_text

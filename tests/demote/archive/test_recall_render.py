@@ -16,11 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from demote.archive.recall_tool import NO_CONVERSATION, RecallOptions, answer, tool_options
 from demote.archive.render import (
     CUT_MARK,
-    NO_CONVERSATION,
-    RecallOptions,
-    answer,
     cut_to_tokens,
     hit_body,
     hit_header,
@@ -28,7 +26,6 @@ from demote.archive.render import (
     render_fetched,
     render_hits,
     snippet,
-    tool_options,
 )
 from demote.archive.sqlite import SQLiteArchive
 from demote.engine._flow import drive_async, drive_sync
