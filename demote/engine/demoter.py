@@ -50,7 +50,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Literal, TypeVar, cast
 
 from demote._closing import Closing
@@ -60,9 +59,10 @@ from demote.engine._compaction import Compactor
 from demote.engine._delivery import Delivery
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
-from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._views import ViewCache
+from demote.engine._windows import Windows
 from demote.engine._work import FRESH, Tally, Work
-from demote.engine.result import Window, render_summary
+from demote.engine.result import Window
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
 from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
@@ -81,15 +81,12 @@ from demote.records import (
     MessageRecord,
     Role,
     fingerprint,
-    make_key,
     parts_digest,
 )
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
-from demote.window.clearing import PLACEHOLDER_TOKENS
-from demote.window.planner import Plan, needed_from, plan
-from demote.window.policy import ClearToolResults, Compact, SlidingWindow
+from demote.window.policy import Compact, SlidingWindow
 from demote.window.tokens import TokenCache
 
 __all__ = ["Demoter"]
@@ -226,12 +223,6 @@ class Demoter(Closing):
             )
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
-        clearing = policy.clearing
-        self._head_tokens: int = (
-            clearing.head_tokens
-            if clearing is not None
-            else ClearToolResults.model_fields["head_tokens"].default
-        )
         self._noop = type(self.hook) is NoopHook
         self._direct = bool(getattr(store, "nonblocking", False))
         self._leasing = callable(getattr(store, "acquire_lease", None))
@@ -263,6 +254,14 @@ class Demoter(Closing):
             else Compactor(summarizer, self._delivery, self._observers, self._tally)
         )
         self._eraser = Eraser(self._delivery, self._views, self._retry, self._tally)
+        self._windows = Windows(
+            policy,
+            self._views,
+            self.tokens,
+            self._tally,
+            noop=self._noop,
+            summarizer=summarizer,
+        )
 
     # -- describing messages -------------------------------------------------------------
 
@@ -396,12 +395,14 @@ class Demoter(Closing):
         except Exception as exc:  # down, slow or skipped: plan from the history alone
             if self.on_store_error == "raise":
                 raise
-            window = self._degraded(cid, self._from_history(cid, messages, describe, reserved), exc)
+            window = self._degraded(
+                cid, self._windows.from_history(cid, messages, describe, reserved), exc
+            )
             self._observers.publish(window.events)
             return window
         if self._degraded_since is not None:
             self._recovered()
-        work = self._prepare(cid, messages, describe, stored, reserved)
+        work = self._windows.prepare(cid, messages, describe, stored, reserved)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -423,11 +424,11 @@ class Demoter(Closing):
         """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
         delivery = self._delivery
         if not (work.changed or delivery.deliverable(cid, work)):
-            return self._window(cid, work), work
+            return self._windows.window(cid, work), work
         hold = delivery.take(cid)
         if hold is None:  # another caller of this process is delivering
-            self._unconfirmed(cid, work)
-            return self._window(cid, work), work
+            self._windows.unconfirmed(cid, work)
+            return self._windows.window(cid, work), work
         failure: Exception | None = None
         try:
             try:
@@ -441,15 +442,17 @@ class Demoter(Closing):
                         delivery.stranded[cid] = hold.holder
                         raise
                     if lease is None:  # another worker is delivering
-                        self._unconfirmed(cid, work)
-                        return self._window(cid, work), work
+                        self._windows.unconfirmed(cid, work)
+                        return self._windows.window(cid, work), work
                     hold.lease = lease
                     delivery.keeper.hold(lease)
                     current = lease.state
                 else:  # the gate alone: its last holder may have committed since we read
                     current = yield from delivery.guarded("get", cid)
                 if current != stored:  # it moved on since we read it: plan again
-                    replanned = self._prepare(cid, work.messages, describe, current, work.reserved)
+                    replanned = self._windows.prepare(
+                        cid, work.messages, describe, current, work.reserved
+                    )
                     if isinstance(replanned, Window):
                         yield from delivery.release(hold)
                         return replanned, None
@@ -468,38 +471,24 @@ class Demoter(Closing):
         finally:
             delivery.let_go(hold)
         if failure is not None:
-            self._unconfirmed(cid, work)
-            return self._degraded(cid, self._window(cid, work), failure), None
+            self._windows.unconfirmed(cid, work)
+            return self._degraded(cid, self._windows.window(cid, work), failure), None
         if committed is None:
-            self._unconfirmed(cid, work)
+            self._windows.unconfirmed(cid, work)
         if error is not None and self.on_hook_error == "raise":
             if isinstance(error, HookError):
                 raise error
             raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
         if committed is not None:
             self._unsure.discard(cid)
-            self._committed(cid, work, committed)
+            self._windows.committed(cid, work, committed)
             if self._noop:  # it took what left the window at once
                 prev = work.stored or FRESH
                 before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
                 demoted = max(0, committed.delivered - before)
-        return self._window(cid, work, committed, demoted), work
+        return self._windows.window(cid, work, committed, demoted), work
 
     # -- degraded loads -----------------------------------------------------------------------
-
-    def _from_history(
-        self,
-        cid: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        reserved: int = 0,
-    ) -> Window[T]:
-        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
-        view = self._views.records(cid, messages, 0, describe)
-        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
-        target = self._advance(FRESH, p, view)
-        work = Work(messages, None, p, view, target, False, False, reserved=reserved)
-        return self._window(cid, work)
 
     def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
         """``window`` marked degraded, with its event; warned about once a period."""
@@ -565,270 +554,6 @@ class Demoter(Closing):
         self._warn(source, conversation_id, error, 0.0)
         self._observers.publish((event,))
         return event
-
-    def _committed(self, cid: str, work: Work, committed: ConversationState) -> None:
-        """Events for a committed window move (and a committed re-sync)."""
-        prev = work.stored or FRESH
-        if work.resynced:
-            with self._tally.lock:
-                self._tally.resyncs += 1
-            work.events.insert(
-                0,
-                DemoteEvent(
-                    "resynced", cid, prev.window_start, len(work.messages), len(work.messages)
-                ),
-            )
-            prev = FRESH
-        old = prev.window_start if prev.window_start > prev.pinned else work.plan.pinned
-        new = committed.window_start
-        if new > old:
-            records, base = work.view.records, work.view.base
-            # The kept messages as stored (a plan's size may count pinned messages, the
-            # opener, reserved tokens or placeholders too).
-            after = sum(r.tokens for r in records[new - base :])
-            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
-            at = 1 if work.resynced else 0
-            work.events.insert(
-                at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
-            )
-        cleared = self._cleared_event(cid, work, prev)
-        if cleared is not None:
-            work.events.append(cleared)
-
-    def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
-        """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
-        p = work.plan
-        fresh = [i for i in p.placeholders if i >= prev.cleared]
-        clipped = [i for i in p.clipped if i >= prev.delivered]
-        if not (fresh or clipped):
-            return None
-        records, base = work.view.records, work.view.base
-        indexes = sorted((*fresh, *clipped))
-        before = sum(records[i - base].tokens for i in indexes)
-        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
-            self._head_tokens + PLACEHOLDER_TOKENS
-        )
-        keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
-        return DemoteEvent(
-            "cleared", cid, indexes[0], indexes[-1] + 1, len(indexes), keys, before, after
-        )
-
-    def _overhang_event(self, cid: str, work: Work) -> DemoteEvent:
-        """``overhang``: what cannot be cut alone exceeds the limit (every such load)."""
-        p = work.plan
-        return DemoteEvent(
-            "overhang",
-            cid,
-            p.window_start,
-            p.end,
-            p.end - p.window_start,
-            tokens_before=p.size,
-            tokens_after=p.overhang,
-        )
-
-    def _head_chars(self, text: str) -> int:
-        """How many leading characters of ``text`` fit in the clipped head's tokens.
-
-        The longest prefix the policy's counter counts within ``head_tokens``: four
-        characters a token first (exact for the approximate counter), then by bisection.
-        """
-        tokens, counter = self._head_tokens, self.policy.resolved_counter()
-        n = min(len(text), 4 * tokens)
-        if counter(text[:n]) <= tokens:
-            return n
-        lo, hi = 0, n - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if counter(text[:mid]) <= tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _prepare(
-        self,
-        cid: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        stored: ConversationState | None,
-        reserved: int = 0,
-    ) -> Work | Window[T]:
-        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
-        state = stored or FRESH
-        given, reserved = reserved, self._with_summary(state, reserved)
-        if self._views.is_stale(cid, messages, describe, state):
-            # A request that read the history before a newer one appended to it: not a
-            # rewrite, and not the current history either. Serve it its own window
-            # (planned, bounded, placeholders and all), change nothing.
-            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
-            stale = Work(messages, stored, p, view, state, False, False, reserved=given)
-            return self._window(cid, stale, replace(state, summary=summary))
-        view = self._views.records(cid, messages, needed_from(state), describe)
-        pinned_tokens = None
-        if (
-            view.index is None
-            and view.base > 0
-            and not state.offset
-            and 0 < state.pinned <= len(messages)
-        ):
-            # Records read from past the pinned head (a restart, a first load in this
-            # process): their tokens count toward a token limit all the same.
-            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
-        p = plan(
-            self.policy,
-            state,
-            view.records,
-            base=view.base,
-            index=view.index,
-            reserved=reserved,
-            pinned_tokens=pinned_tokens,
-        )
-        if p.needs is not None and not p.rewritten:
-            # The window starts inside a turn whose opener is before what was read (the
-            # state does not store where it is: after a restart, a first load): read back
-            # to it once; the index the plan returns carries it from then on.
-            view = self._views.records(cid, messages, p.needs, describe)
-            p = plan(
-                self.policy,
-                state,
-                view.records,
-                base=view.base,
-                reserved=reserved,
-                pinned_tokens=pinned_tokens,
-            )
-        resynced = False
-        if p.rewritten:
-            logger.warning(
-                "demote: history of conversation %r no longer matches its demotion "
-                "state (%d messages, window started at %d); re-syncing",
-                cid,
-                len(messages),
-                state.window_start,
-            )
-            state = ConversationState(generation=state.generation + 1)
-            view = self._views.records(cid, messages, 0, describe)
-            reserved = given  # the fresh state has no summary
-            p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
-            resynced = True
-        view.index = p.index
-        target = self._advance(state, p, view)
-        if (
-            self.summarizer is not None
-            and isinstance(self.policy.eviction, Compact)
-            and p.window_start > max(state.window_start, p.pinned)
-        ):
-            logger.warning(
-                "demote: conversation %r reached limit + 2 x compact_count before a summary "
-                "was ready; falling back to bulk eviction (messages go to the hook)",
-                cid,
-            )
-        known = resynced or state.generation > 0
-        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
-
-    def _with_summary(self, state: ConversationState, reserved: int) -> int:
-        """``reserved`` plus the committed summary's tokens in a token window.
-
-        The summary is sent too (a system message, or the opener's progress note), so it
-        counts toward the limit like the rest of the request.
-        """
-        if state.summary is None or self.policy.unit != "tokens":
-            return reserved
-        text = render_summary(state.summary)
-        return reserved + self.tokens.count(fingerprint("system", text), text)
-
-    def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
-        """The state with the plan's window and clearing watermark applied.
-
-        ``delivered`` is the plan's ``deliver_from`` (the hook's watermark as the plan
-        reads it); it moves past it only for Noop, which accepts everything at once.
-        """
-        start = p.window_start
-        anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
-        delivered = p.deliver_from
-        if self._noop:  # it keeps nothing, so it accepts everything at once
-            delivered = max(delivered, p.deliver.stop)
-        cleared = max(state.cleared, p.cleared)
-        if (start, delivered, p.pinned, anchor, cleared) == (
-            state.window_start,
-            state.delivered,
-            state.pinned,
-            state.anchor,
-            state.cleared,
-        ):
-            return state
-        trail = (
-            state.trail if start == state.window_start else trail_at(state, start, p.pinned, view)
-        )
-        # dataclasses.replace, without its introspection (this runs on most turns)
-        return ConversationState(
-            start,
-            delivered,
-            p.pinned,
-            anchor,
-            state.summary,
-            state.summarized,
-            state.offset,
-            state.generation,
-            trail,
-            cleared,
-        )
-
-    def _unconfirmed(self, cid: str, work: Work) -> None:
-        if work.resynced:
-            # The view holds a history the committed state does not describe: a later
-            # load of it must not pass for a stale copy (whose window hides messages).
-            self._views.drop(cid, work.view)
-
-    # -- windows ----------------------------------------------------------------------------
-
-    def _window(
-        self,
-        cid: str,
-        work: Work,
-        state: ConversationState | None = None,
-        demoted: int = 0,
-    ) -> Window[Any]:
-        """The window ``work`` planned, with the watermark of ``state`` (or the target).
-
-        Pending: what the model is no longer sent in full (it left the window, or it is
-        sent as a placeholder) and the hook has not accepted. A placeholder is sent even
-        then: the bound wins, the content stays pending and is retried.
-        """
-        p, s = work.plan, state or work.target
-        pending = max(0, p.deliver.stop - max(s.delivered, p.pinned))
-        events = tuple(work.events) if work.events else ()
-        messages = work.messages
-        n = len(messages)
-        start = min(p.window_start, n)
-        if type(messages) is list:  # a list's slices are already fresh lists
-            head, kept = messages[: p.pinned], messages[start:]
-        else:
-            head, kept = list(messages[: p.pinned]), list(messages[start:])
-        if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
-            summary, delivered = s.summary, s.delivered
-            return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
-        if p.overhang:
-            events = (*events, self._overhang_event(cid, work))
-        placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
-        at = p.opener if p.opener is not None and p.opener < n else None
-        opener = None if at is None else messages[at]
-        return Window(
-            cid,
-            head,
-            s.summary,
-            kept,
-            start,
-            n,
-            demoted,
-            pending,
-            s.delivered,
-            events,
-            opener,
-            placeholders,
-            clipped,
-            p.overhang,
-            at,
-        )
 
     # -- lifecycle -------------------------------------------------------------------------
 

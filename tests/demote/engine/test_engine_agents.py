@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import demote.engine._views
-import demote.engine.demoter
+import demote.engine._windows
 from demote import Backoff, ConfigError, ConversationState, Demoter, Demotion, SlidingWindow
 from demote.engine import PROGRESS_PREFIX, render_progress
 from demote.records import MessageRecord, make_key
@@ -110,7 +110,7 @@ def clear_all_but(keep: int) -> Extra:
 @pytest.fixture
 def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[..., Plan]], None]]:
     def use(fn: Callable[..., Plan]) -> None:
-        monkeypatch.setattr(demote.engine.demoter, "plan", fn)
+        monkeypatch.setattr(demote.engine._windows, "plan", fn)
         monkeypatch.setattr(demote.engine._views, "plan", fn)
 
     yield use

@@ -1,0 +1,336 @@
+"""A Demoter's planning part: plan a load against the committed state, build its Window.
+
+:class:`Windows` holds what planning needs (the policy, the per-conversation views, the
+token cache, the tally) and nothing that does I/O: it turns a history and the committed
+state into the :class:`~demote.engine._work.Work` a load delivers and commits
+(:meth:`Windows.prepare`), or the window of a stale copy, or of a history planned
+without the store (:meth:`Windows.from_history`), and builds the
+:class:`~demote.engine.result.Window` a load returns (:meth:`Windows.window`), with the
+events of what it committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._work import FRESH, Tally, Work
+from demote.engine.result import Window, render_summary
+from demote.events import DemoteEvent
+from demote.records import ConversationState, MessageRecord, fingerprint, make_key
+from demote.window.clearing import PLACEHOLDER_TOKENS
+from demote.window.planner import Plan, needed_from, plan
+from demote.window.policy import ClearToolResults, Compact, SlidingWindow
+from demote.window.tokens import TokenCache
+
+__all__ = ["Windows"]
+
+logger = logging.getLogger("demote")
+
+T = TypeVar("T")
+
+
+class Windows:
+    """Plans each load and builds the window it returns (no I/O; one per Demoter)."""
+
+    def __init__(
+        self,
+        policy: SlidingWindow,
+        views: ViewCache,
+        tokens: TokenCache,
+        tally: Tally,
+        *,
+        noop: bool,
+        summarizer: object | None,
+    ) -> None:
+        self.policy = policy
+        self.tokens = tokens
+        self._views = views
+        self._tally = tally
+        self._noop = noop  # the hook keeps nothing: it accepts everything at once
+        self._summarizer = summarizer
+        clearing = policy.clearing
+        self._head_tokens: int = (
+            clearing.head_tokens
+            if clearing is not None
+            else ClearToolResults.model_fields["head_tokens"].default
+        )
+
+    def from_history(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        reserved: int = 0,
+    ) -> Window[T]:
+        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
+        view = self._views.records(cid, messages, 0, describe)
+        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
+        target = self._advance(FRESH, p, view)
+        work = Work(messages, None, p, view, target, False, False, reserved=reserved)
+        return self.window(cid, work)
+
+    def committed(self, cid: str, work: Work, committed: ConversationState) -> None:
+        """Events for a committed window move (and a committed re-sync)."""
+        prev = work.stored or FRESH
+        if work.resynced:
+            with self._tally.lock:
+                self._tally.resyncs += 1
+            work.events.insert(
+                0,
+                DemoteEvent(
+                    "resynced", cid, prev.window_start, len(work.messages), len(work.messages)
+                ),
+            )
+            prev = FRESH
+        old = prev.window_start if prev.window_start > prev.pinned else work.plan.pinned
+        new = committed.window_start
+        if new > old:
+            records, base = work.view.records, work.view.base
+            # The kept messages as stored (a plan's size may count pinned messages, the
+            # opener, reserved tokens or placeholders too).
+            after = sum(r.tokens for r in records[new - base :])
+            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
+            at = 1 if work.resynced else 0
+            work.events.insert(
+                at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
+            )
+        cleared = self._cleared_event(cid, work, prev)
+        if cleared is not None:
+            work.events.append(cleared)
+
+    def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
+        """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
+        p = work.plan
+        fresh = [i for i in p.placeholders if i >= prev.cleared]
+        clipped = [i for i in p.clipped if i >= prev.delivered]
+        if not (fresh or clipped):
+            return None
+        records, base = work.view.records, work.view.base
+        indexes = sorted((*fresh, *clipped))
+        before = sum(records[i - base].tokens for i in indexes)
+        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
+            self._head_tokens + PLACEHOLDER_TOKENS
+        )
+        keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
+        return DemoteEvent(
+            "cleared", cid, indexes[0], indexes[-1] + 1, len(indexes), keys, before, after
+        )
+
+    def _overhang_event(self, cid: str, work: Work) -> DemoteEvent:
+        """``overhang``: what cannot be cut alone exceeds the limit (every such load)."""
+        p = work.plan
+        return DemoteEvent(
+            "overhang",
+            cid,
+            p.window_start,
+            p.end,
+            p.end - p.window_start,
+            tokens_before=p.size,
+            tokens_after=p.overhang,
+        )
+
+    def _head_chars(self, text: str) -> int:
+        """How many leading characters of ``text`` fit in the clipped head's tokens.
+
+        The longest prefix the policy's counter counts within ``head_tokens``: four
+        characters a token first (exact for the approximate counter), then by bisection.
+        """
+        tokens, counter = self._head_tokens, self.policy.resolved_counter()
+        n = min(len(text), 4 * tokens)
+        if counter(text[:n]) <= tokens:
+            return n
+        lo, hi = 0, n - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if counter(text[:mid]) <= tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def prepare(
+        self,
+        cid: str,
+        messages: Sequence[T],
+        describe: Callable[[T], MessageRecord],
+        stored: ConversationState | None,
+        reserved: int = 0,
+    ) -> Work | Window[T]:
+        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
+        state = stored or FRESH
+        given, reserved = reserved, self._with_summary(state, reserved)
+        if self._views.is_stale(cid, messages, describe, state):
+            # A request that read the history before a newer one appended to it: not a
+            # rewrite, and not the current history either. Serve it its own window
+            # (planned, bounded, placeholders and all), change nothing.
+            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
+            stale = Work(messages, stored, p, view, state, False, False, reserved=given)
+            return self.window(cid, stale, replace(state, summary=summary))
+        view = self._views.records(cid, messages, needed_from(state), describe)
+        pinned_tokens = None
+        if (
+            view.index is None
+            and view.base > 0
+            and not state.offset
+            and 0 < state.pinned <= len(messages)
+        ):
+            # Records read from past the pinned head (a restart, a first load in this
+            # process): their tokens count toward a token limit all the same.
+            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
+        p = plan(
+            self.policy,
+            state,
+            view.records,
+            base=view.base,
+            index=view.index,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+        )
+        if p.needs is not None and not p.rewritten:
+            # The window starts inside a turn whose opener is before what was read (the
+            # state does not store where it is: after a restart, a first load): read back
+            # to it once; the index the plan returns carries it from then on.
+            view = self._views.records(cid, messages, p.needs, describe)
+            p = plan(
+                self.policy,
+                state,
+                view.records,
+                base=view.base,
+                reserved=reserved,
+                pinned_tokens=pinned_tokens,
+            )
+        resynced = False
+        if p.rewritten:
+            logger.warning(
+                "demote: history of conversation %r no longer matches its demotion "
+                "state (%d messages, window started at %d); re-syncing",
+                cid,
+                len(messages),
+                state.window_start,
+            )
+            state = ConversationState(generation=state.generation + 1)
+            view = self._views.records(cid, messages, 0, describe)
+            reserved = given  # the fresh state has no summary
+            p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
+            resynced = True
+        view.index = p.index
+        target = self._advance(state, p, view)
+        if (
+            self._summarizer is not None
+            and isinstance(self.policy.eviction, Compact)
+            and p.window_start > max(state.window_start, p.pinned)
+        ):
+            logger.warning(
+                "demote: conversation %r reached limit + 2 x compact_count before a summary "
+                "was ready; falling back to bulk eviction (messages go to the hook)",
+                cid,
+            )
+        known = resynced or state.generation > 0
+        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
+
+    def _with_summary(self, state: ConversationState, reserved: int) -> int:
+        """``reserved`` plus the committed summary's tokens in a token window.
+
+        The summary is sent too (a system message, or the opener's progress note), so it
+        counts toward the limit like the rest of the request.
+        """
+        if state.summary is None or self.policy.unit != "tokens":
+            return reserved
+        text = render_summary(state.summary)
+        return reserved + self.tokens.count(fingerprint("system", text), text)
+
+    def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
+        """The state with the plan's window and clearing watermark applied.
+
+        ``delivered`` is the plan's ``deliver_from`` (the hook's watermark as the plan
+        reads it); it moves past it only for Noop, which accepts everything at once.
+        """
+        start = p.window_start
+        anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
+        delivered = p.deliver_from
+        if self._noop:  # it keeps nothing, so it accepts everything at once
+            delivered = max(delivered, p.deliver.stop)
+        cleared = max(state.cleared, p.cleared)
+        if (start, delivered, p.pinned, anchor, cleared) == (
+            state.window_start,
+            state.delivered,
+            state.pinned,
+            state.anchor,
+            state.cleared,
+        ):
+            return state
+        trail = (
+            state.trail if start == state.window_start else trail_at(state, start, p.pinned, view)
+        )
+        # dataclasses.replace, without its introspection (this runs on most turns)
+        return ConversationState(
+            start,
+            delivered,
+            p.pinned,
+            anchor,
+            state.summary,
+            state.summarized,
+            state.offset,
+            state.generation,
+            trail,
+            cleared,
+        )
+
+    def unconfirmed(self, cid: str, work: Work) -> None:
+        if work.resynced:
+            # The view holds a history the committed state does not describe: a later
+            # load of it must not pass for a stale copy (whose window hides messages).
+            self._views.drop(cid, work.view)
+
+    def window(
+        self,
+        cid: str,
+        work: Work,
+        state: ConversationState | None = None,
+        demoted: int = 0,
+    ) -> Window[Any]:
+        """The window ``work`` planned, with the watermark of ``state`` (or the target).
+
+        Pending: what the model is no longer sent in full (it left the window, or it is
+        sent as a placeholder) and the hook has not accepted. A placeholder is sent even
+        then: the bound wins, the content stays pending and is retried.
+        """
+        p, s = work.plan, state or work.target
+        pending = max(0, p.deliver.stop - max(s.delivered, p.pinned))
+        events = tuple(work.events) if work.events else ()
+        messages = work.messages
+        n = len(messages)
+        start = min(p.window_start, n)
+        if type(messages) is list:  # a list's slices are already fresh lists
+            head, kept = messages[: p.pinned], messages[start:]
+        else:
+            head, kept = list(messages[: p.pinned]), list(messages[start:])
+        if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
+            summary, delivered = s.summary, s.delivered
+            return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
+        if p.overhang:
+            events = (*events, self._overhang_event(cid, work))
+        placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
+        at = p.opener if p.opener is not None and p.opener < n else None
+        opener = None if at is None else messages[at]
+        return Window(
+            cid,
+            head,
+            s.summary,
+            kept,
+            start,
+            n,
+            demoted,
+            pending,
+            s.delivered,
+            events,
+            opener,
+            placeholders,
+            clipped,
+            p.overhang,
+            at,
+        )
