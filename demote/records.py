@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from demote.errors import ConfigError
-from demote.window._media import by_reference
 
 __all__ = [
     "MESSAGE_DATA_KEYS",
@@ -29,7 +28,6 @@ __all__ = [
     "MessageRecord",
     "Recalled",
     "Role",
-    "data_by_reference",
     "fingerprint",
     "make_key",
     "parts_digest",
@@ -44,9 +42,9 @@ __all__ = [
 #: ``tool_call_id`` and ``tool`` (the tool's name) on a tool result; ``blocks`` (present
 #: when the message's content is a list of blocks: all of them, in order, text blocks
 #: included, so images, audio, files and reasoning keep their place; media by reference
-#: or as base64 bytes, see :func:`data_by_reference`); ``id``, ``name`` and ``extra``
-#: (framework fields kept so the message comes back equal to the original: the
-#: adapters' ``from_data``). Absent keys mean empty.
+#: or as base64 bytes, see :func:`demote.window._media.data_by_reference`); ``id``,
+#: ``name`` and ``extra`` (framework fields kept so the message comes back equal to the
+#: original: the adapters' ``from_data``). Absent keys mean empty.
 MESSAGE_DATA_KEYS = (
     "role",
     "text",
@@ -166,19 +164,6 @@ def searchable_text(text: str, data: Mapping[str, Any] | None) -> str:
         if isinstance(call, Mapping):
             lines.append(f"{call.get('name') or ''} {_canonical(call.get('args') or {})}")
     return "\n".join(lines)
-
-
-def data_by_reference(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with media bytes left out (URLs, file ids and sizes stay).
-
-    Each base64 payload in ``blocks`` is dropped and its block gains ``"omitted":
-    {"bytes", "sha256"}``; the rest of the message is kept as it is. What the archives,
-    mem0 and vector-store hooks store with their default ``media="reference"``.
-    """
-    blocks = data.get("blocks")
-    if not blocks:
-        return dict(data)
-    return {**data, "blocks": [by_reference(b) for b in blocks]}
 
 
 def storable_text(text: str) -> str:

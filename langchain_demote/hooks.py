@@ -40,10 +40,10 @@ from demote.records import (
     DemotedMessage,
     Demotion,
     Recalled,
-    data_by_reference,
     searchable_text,
 )
 from demote.state.base import validate_conversation_id
+from demote.window._media import data_by_reference
 from langchain_demote.callbacks import dispatch_events
 
 __all__ = ["DATA_FIELD", "ArchiveRetriever", "VectorStoreHook", "archive_retriever"]

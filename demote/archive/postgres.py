@@ -66,11 +66,11 @@ from demote.records import (
     DemotedMessage,
     Demotion,
     Recalled,
-    data_by_reference,
     searchable_text,
     storable_text,
 )
 from demote.state._codec import storable_id
+from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["PostgresArchive"]

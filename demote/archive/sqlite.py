@@ -60,11 +60,11 @@ from demote.records import (
     DemotedMessage,
     Demotion,
     Recalled,
-    data_by_reference,
     searchable_text,
     storable_text,
 )
 from demote.state.base import validate_conversation_id
+from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["ContextFn", "SQLiteArchive"]
@@ -213,7 +213,7 @@ class SQLiteArchive(Closing):
         rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
         media: How the whole messages' media are stored: ``"reference"`` (the default)
             keeps URLs, file ids, types and sizes and drops base64 bytes
-            (:func:`demote.records.data_by_reference`); ``"bytes"`` keeps them, so the
+            (:func:`demote.window._media.data_by_reference`); ``"bytes"`` keeps them, so the
             messages come back exactly as they were.
         read_only: Open an existing archive without ever writing it (``demote search``,
             ``demote inspect``): a file of an older schema is refused instead of migrated,

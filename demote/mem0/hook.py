@@ -10,7 +10,8 @@ from typing import Any, Literal
 from demote.errors import ConfigError, HookError
 from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
 from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, KEYS_FIELD, Namespace
-from demote.records import DemotedMessage, Demotion, data_by_reference, searchable_text
+from demote.records import DemotedMessage, Demotion, searchable_text
+from demote.window._media import data_by_reference
 
 __all__ = ["DATA_FIELD", "Mem0Hook"]
 

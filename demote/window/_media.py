@@ -39,6 +39,7 @@ __all__ = [
     "TOOL_USE",
     "VIDEO_TOKENS",
     "by_reference",
+    "data_by_reference",
     "image_size",
     "media_tokens",
     "reasoning_text",
@@ -285,3 +286,16 @@ def _strip(block: Mapping[str, Any], omitted: list[str]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def data_by_reference(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with media bytes left out (URLs, file ids and sizes stay).
+
+    Each base64 payload in ``blocks`` is dropped and its block gains ``"omitted":
+    {"bytes", "sha256"}``; the rest of the message is kept as it is. What the archives,
+    mem0 and vector-store hooks store with their default ``media="reference"``.
+    """
+    blocks = data.get("blocks")
+    if not blocks:
+        return dict(data)
+    return {**data, "blocks": [by_reference(b) for b in blocks]}
