@@ -171,6 +171,17 @@ class Windows:
             stale = Work(messages, stored, p, view, state, False, False, reserved=given)
             return self.window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
+        index = view.index
+        if index is not None and state.window_start > state.pinned:
+            # The opener is shown, but it is before what the state checks (the anchor):
+            # an edit of it changes what the window costs. Plan it afresh, then.
+            at, tokens = index.opener_at(state.window_start)
+            if (
+                at is not None
+                and at < len(messages)
+                and index.costs.cost(describe(messages[at])) != tokens
+            ):
+                view.index = None
         pinned_tokens = None
         if (
             view.index is None

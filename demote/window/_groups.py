@@ -155,6 +155,20 @@ class GroupIndex:
             return self.starts[group], self.heads[group]
         return self.opener, self.opener_tokens if self.opener is not None else 0
 
+    def opener_at(self, start: int) -> tuple[int | None, int]:
+        """The opener (index and cost) a window starting at ``start`` would be shown with.
+
+        ``(None, 0)`` when ``start`` opens a group itself, or is outside the region.
+        """
+        if not self.start <= start < self.end:
+            return None, 0
+        if not self.starts:
+            return self.opener, self.opener_tokens if self.opener is not None else 0
+        g = self.group_of(start)
+        if g >= 0 and self.starts[g] == start:
+            return None, 0
+        return self.opener_of(max(g, 0))
+
     def update(
         self, start: int, records: Sequence[MessageRecord], *, base: int = 0
     ) -> GroupIndex | None:

@@ -427,3 +427,29 @@ def test_compacting_steps_keeps_the_opener_and_shows_the_summary_with_it(planner
     assert (w.opener, w.summary, w.start) == (msgs[0], "fetched pages 0-2", hi)
     assert sorted(hook.indexes) == list(range(hi)), "the summarized steps and the opener archived"
     assert max(hook.deliveries.values()) == 1
+
+
+def test_an_edited_opener_is_counted_again_by_a_demoter_that_kept_the_turn() -> None:
+    """The opener is shown but lies before the anchor the state checks: when it is edited,
+    a Demoter holding the turn's index plans the same window as one planning afresh."""
+    policy = SlidingWindow.last_tokens(40)
+    steps = [
+        m
+        for n in range(3)
+        for m in (
+            Msg("assistant", f"step {n}", opens=(f"c{n}",)),
+            Msg("tool", f"result {n} " + "r" * 40, answers=f"c{n}"),
+        )
+    ]
+    history = unique([Msg("user", "go"), *steps])
+    kept, afresh = Demoter(policy), Demoter(policy)
+    for d in (kept, afresh):
+        w = d.load("c", history, describer(d))
+    assert w.start > 1 and w.opener == history[0], "the window starts inside the turn"
+    history[0] = replace(history[0], text=history[0].text + " and " + "much more " * 20)
+    history += unique([Msg("assistant", "done")])
+    afresh._views.clear()
+    a = kept.load("c", history, describer(kept))
+    b = afresh.load("c", history, describer(afresh))
+    assert (a.start, a.opener, a.overhang) == (b.start, b.opener, b.overhang)
+    assert kept.state_of("c") == afresh.state_of("c")
