@@ -31,6 +31,7 @@ for _name, _value in (
     os.environ.setdefault(_name, _value)
 
 from bench import (  # noqa: E402
+    agent_recall,
     agents,
     cache_cost,
     capture_scale,
@@ -49,6 +50,7 @@ SECTIONS = {
     "2": "cache_cost",
     "3": "recall",
     "3b": "recall_cv",  # the same protocol, leave-one-conversation-out
+    "3c": "agent_recall",  # the recall tool's first search, on agent traces
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
@@ -97,6 +99,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "agents":
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "agent_recall":
+            print(
+                agent_recall.report(
+                    agent_recall.section(quick=args.quick, out=args.out, quiet=args.quiet)
+                )
+            )
         elif name == "step_cost":
             print(step_cost.report(step_cost.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "outage":

@@ -26,7 +26,8 @@ the tools' own flow, within the default 500-token budget), and whether the fact'
 itself is visible in that answer (no fetch needed).
 
 Run ``python -m bench.agent_recall`` (``--traces 40 --questions 8`` are the defaults;
-``--quick`` for a smoke run); it prints the table and writes ``bench/results/agent_recall.json``.
+``--quick`` for a smoke run), or ``python -m bench --sections 3c`` (section 3c of ``make
+bench``, the defaults); it prints the table and writes ``bench/results/agent_recall.json``.
 """
 
 from __future__ import annotations
@@ -361,6 +362,26 @@ def summarize(outcomes: list[Outcome], traces: int, archived: int, k: int) -> di
     }
 
 
+def report(result: dict[str, Any]) -> str:
+    """The table (Markdown), with what was measured in its heading."""
+    columns = [(name, name, "") for name in result["rows"][0]]
+    head = (
+        f"## 3c. Agent recall: the recall tool's first search, {result['traces']} traces, "
+        f"{result['archived_messages']} archived messages, distance >= "
+        f"{result['min_distance_steps']} steps (median {result['median_distance_steps']}), "
+        f"k={result['k']}, {'snippets' if result['snippets'] else 'heads'}"
+    )
+    return f"{head}\n{table(result['rows'], columns)}"
+
+
+def section(*, quick: bool = False, out: Path = RESULTS, quiet: bool = False) -> dict[str, Any]:
+    """Section 3c of ``make bench``: the defaults (``quick``: 3 traces of 3 questions)."""
+    traces, questions = (3, 3) if quick else (40, 8)
+    result = run(traces, questions, 10, 12, 50, 5)
+    write_json("agent_recall", {**result, "quick": quick, "environment": environment()}, out)
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench.agent_recall", description=__doc__)
     parser.add_argument("--traces", type=int, default=40)
@@ -386,16 +407,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.k,
         snippets=not args.head,
     )
-    columns = [(name, name, "") for name in result["rows"][0]]
-    print(
-        f"agent recall: {result['traces']} traces, {result['archived_messages']} archived "
-        f"messages, distance >= {result['min_distance_steps']} steps "
-        f"(median {result['median_distance_steps']}), k={result['k']}, "
-        f"{'snippets' if result['snippets'] else 'heads'}"
-    )
-    print(table(result["rows"], columns))
+    print(report(result))
     name = "agent_recall" if result["snippets"] else "agent_recall_heads"
-    write_json(name, {**result, "environment": environment()}, args.out)
+    write_json(name, {**result, "quick": args.quick, "environment": environment()}, args.out)
     return result
 
 

@@ -58,6 +58,10 @@ def test_quick_bench_writes_every_section(
     assert capture["sqlite"]["loads_per_second"]["1"] > 0
 
     assert "## 7. Agents" in printed
+    assert "## 3c. Agent recall" in printed
+    recall = json.loads((tmp_path / "agent_recall.json").read_text())
+    assert recall["quick"] is True and recall["min_distance_steps"] >= 50
+    assert {r["query"] for r in recall["rows"]} == {"exact", "paraphrase", "tool", "all"}
     assert "## 7b. Agents: one load inside one growing turn" in printed
     steps = json.loads((tmp_path / "step_cost.json").read_text())
     for setup in steps["setups"].values():  # every measured load cut the window
