@@ -115,6 +115,9 @@ class Delivery:
         self.background_lock = threading.Lock()
         # Leases whose release may have failed, or holders whose grant was not heard of.
         self.stranded: dict[str, Lease | str] = {}
+        # Conversations delivered to, whose commit then failed: the next delivery asks
+        # the hook what it holds (``has_keys``) before handing it anything again.
+        self.unsure: set[str] = set()
         self._instance = uuid.uuid4().hex[:12]
         self._holders = itertools.count(1)
 
@@ -495,7 +498,8 @@ class Delivery:
                 return
             hold.detached = None  # the call ended: commit and release as usual
             yield from self._late_commit(hold, detached, events)
-        except Exception as exc:
+        except Exception as exc:  # the hook may hold the batch: the next delivery asks it
+            self.unsure.add(batch.conversation_id)
             logger.warning(
                 "demote: recording a late delivery for %r failed: %r", batch.conversation_id, exc
             )

@@ -211,7 +211,6 @@ class Demoter(Closing):
         self.on_store_error = on_store_error
         self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
         self._degraded_since: float | None = None
-        self._unsure: set[str] = set()  # delivered, but the commit failed
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -457,7 +456,7 @@ class Demoter(Closing):
                         yield from delivery.release(hold)
                         return replanned, None
                     work = replanned
-                if cid in self._unsure:  # delivered before, but that commit failed
+                if cid in delivery.unsure:  # delivered before, but that commit failed
                     work.known = True
                 committed, demoted, error = yield from delivery.settle(hold, work)
             except Exception as exc:  # the store failed mid-way (hook errors are settled)
@@ -465,7 +464,7 @@ class Demoter(Closing):
                     raise
                 failure = exc
                 if any(e.kind == "delivered" for e in work.events):
-                    self._unsure.add(cid)  # the next delivery asks what the hook holds
+                    delivery.unsure.add(cid)  # the next delivery asks what the hook holds
                 if hold.lease is not None and not hold.released:
                     delivery.stranded[cid] = hold.lease
         finally:
@@ -480,7 +479,7 @@ class Demoter(Closing):
                 raise error
             raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
         if committed is not None:
-            self._unsure.discard(cid)
+            delivery.unsure.discard(cid)
             self._windows.committed(cid, work, committed)
             if self._noop:  # it took what left the window at once
                 prev = work.stored or FRESH

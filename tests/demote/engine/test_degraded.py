@@ -268,6 +268,31 @@ def test_a_lease_release_while_the_breaker_is_open_costs_no_call_and_is_done_lat
     assert store.inner.acquire_lease("c", "other", 1.0) is not None, "and free again"
 
 
+def test_a_late_delivery_whose_commit_fails_is_not_handed_over_again() -> None:
+    """A hook call that outlived ``hook_wait`` succeeds while the store fails its late
+    commit: the hook has the batch, so the next delivery asks it (``has_keys``)."""
+    store = Switch()
+    release = threading.Event()
+
+    class Slow(KeySink):
+        def deliver(self, batch: Demotion) -> None:
+            assert release.wait(5)
+            super().deliver(batch)
+
+    sink = Slow()
+    d = make(store, sink, hook_wait=0.05, retry=Backoff(initial=0.0))
+    msgs = history(12)
+    d.load("c", msgs, describe(d))  # the call goes on in the background
+    store.fail_once = {"get"}  # the late commit reads the state first: that read fails
+    release.set()
+    assert d.drain(5)
+    assert sink.keys, "the hook took the batch"
+    wait_closed(store)
+    w = d.load("c", msgs, describe(d))
+    assert sink.twice() == [], "handed over again"
+    assert not w.degraded and w.pending == 0
+
+
 def test_the_warning_is_logged_once_per_period_not_per_turn(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
