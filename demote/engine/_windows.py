@@ -184,13 +184,15 @@ class Windows:
                 view.index = None
         pinned_tokens = None
         if (
-            view.index is None
+            (view.index is None or self.policy.unit == "tokens")
             and view.base > 0
             and not state.offset
             and 0 < state.pinned <= len(messages)
         ):
             # Records read from past the pinned head (a restart, a first load in this
-            # process): their tokens count toward a token limit all the same.
+            # process): their tokens count toward a token limit all the same. The head is
+            # shown but lies before what the state checks, so a token window counts it
+            # from the messages on every load: an edited system prompt counts as it is.
             pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
         p = plan(
             self.policy,

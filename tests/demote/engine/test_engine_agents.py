@@ -453,3 +453,23 @@ def test_an_edited_opener_is_counted_again_by_a_demoter_that_kept_the_turn() -> 
     b = afresh.load("c", history, describer(afresh))
     assert (a.start, a.opener, a.overhang) == (b.start, b.opener, b.overhang)
     assert kept.state_of("c") == afresh.state_of("c")
+
+
+def test_an_edited_system_prompt_is_counted_again_by_a_demoter_that_kept_the_window() -> None:
+    """The pinned head is shown but lies before the anchor the state checks: after an
+    edit of it, a Demoter holding the window's index plans what one planning afresh does."""
+    policy = SlidingWindow.last_tokens(60)
+    history = unique(
+        [Msg("system", "be brief")]
+        + [Msg(("user", "assistant")[i % 2], f"turn {i} " + "w" * 30) for i in range(6)]
+    )
+    kept, afresh = Demoter(policy), Demoter(policy)
+    for d in (kept, afresh):
+        d.load("c", history, describer(d))
+    assert kept.state_of("c").window_start > 1, "something was demoted"
+    history[0] = replace(history[0], text=history[0].text + " and " + "always polite " * 10)
+    afresh._views.clear()
+    a = kept.load("c", history, describer(kept))
+    b = afresh.load("c", history, describer(afresh))
+    assert (a.start, a.demoted, a.overhang) == (b.start, b.demoted, b.overhang)
+    assert kept.state_of("c") == afresh.state_of("c")
