@@ -3,21 +3,56 @@
 :func:`searcher` checks the ranking options an archive takes (the same names and ranges
 for SQLite and PostgreSQL) and builds the :class:`~demote.archive._search.Searcher` that
 ranks with them; :func:`describe` turns a ``context=`` callable's answer into the indexed
-context string and the speaker.
+context string and the speaker; :func:`model_parts` checks ``context=`` and
+``embeddings=`` and probes the model's dimension; :func:`media_option` checks ``media=``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 from demote._validate import count
-from demote.archive import _args, _rank, _search
+from demote.archive import _args, _rank, _search, _vectors
 from demote.archive._fts import STOP_WORDS
+from demote.archive.embeddings import Embedder, as_embedder
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import DemotedMessage
 from demote.window.tokens import Counter
 
-__all__ = ["describe", "searcher"]
+__all__ = ["ContextFn", "describe", "embedded", "media_option", "model_parts", "searcher"]
+
+#: Gives a demoted message's context (speaker, date, a title) to index with its text.
+ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
+
+
+def media_option(media: object) -> Literal["reference", "bytes"]:
+    """``media=`` checked: ``"reference"`` or ``"bytes"``."""
+    if media not in ("reference", "bytes"):
+        raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
+    return "bytes" if media == "bytes" else "reference"
+
+
+def model_parts(
+    context: object, embeddings: object | None
+) -> tuple[ContextFn | None, Embedder | None, int | None]:
+    """``context=`` checked, the embedding model wrapped, and its dimension.
+
+    The dimension probe runs here, before the archive opens its file or pool and outside
+    any lock, so a failing model leaves nothing behind.
+    """
+    if context is not None and not callable(context):
+        raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
+    if embeddings is None:
+        return context, None, None
+    embedder = as_embedder(embeddings)
+    _vectors.numpy()  # fail now, not at the first delivery
+    return context, embedder, len(embedder.embed_query("dimensions"))
+
+
+def embedded(speaker: str, text: str) -> str:
+    """What is embedded for a message: its text, after its speaker when it has one."""
+    return f"{speaker}: {text}" if speaker else text
 
 
 def searcher(

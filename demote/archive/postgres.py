@@ -57,8 +57,7 @@ from demote.archive._pg_flows import Flow, Row, aexecute, execute
 from demote.archive._pg_statements import Statements
 from demote.archive._pg_text import index_words
 from demote.archive._search import Reranker
-from demote.archive.embeddings import Embedder, as_embedder
-from demote.archive.sqlite import ContextFn, _embedded, _media_option
+from demote.archive.embeddings import Embedder
 from demote.backends.postgres import Pools, table_name
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
@@ -211,7 +210,7 @@ class PostgresArchive(Closing):
         pool: Any = None,
         async_pool: Any = None,
         table: str = "demote_archive",
-        context: ContextFn | None = None,
+        context: _options.ContextFn | None = None,
         context_weight: float = 0.5,
         adjacent_weight: float = 0.8,
         coverage: float = 1.0,
@@ -242,7 +241,7 @@ class PostgresArchive(Closing):
         media: Literal["reference", "bytes"] = "reference",
     ) -> None:
         table = table_name(table, 41)
-        self._media = _media_option(media)
+        self._media = _options.media_option(media)
         self._searcher = _options.searcher(
             context_weight=context_weight,
             adjacent_weight=adjacent_weight,
@@ -264,17 +263,9 @@ class PostgresArchive(Closing):
             rerank_weight=rerank_weight,
         )
         _pg_schema.check_option(vectors)
-        if context is not None and not callable(context):
-            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
         self.table = table
         self.read_only = read_only
-        self._context = context
-        self._embedder: Embedder | None = None
-        dims = None
-        if embeddings is not None:
-            self._embedder = as_embedder(embeddings)
-            _vectors.numpy()  # fail now, not at the first delivery
-            dims = len(self._embedder.embed_query("dimensions"))  # before any lock
+        self._context, self._embedder, dims = _options.model_parts(context, embeddings)
         self._matrices = _pg_search.Matrices()
         self._st: Statements
         cleared: list[bool] = []
@@ -368,7 +359,7 @@ class PostgresArchive(Closing):
             known = yield self._db(_pg_flows.has_keys(self._st, cid, [r.key for r in rows]))
             new = list({r.key: r for r in rows if r.key not in known}.values())
             if new:
-                texts = [_embedded(r.speaker, r.text) for r in new]
+                texts = [_options.embedded(r.speaker, r.text) for r in new]
                 embedded = yield _Embed(self._model(), documents=texts)
                 vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
         model = self._embedder.name if self._embedder is not None else ""
@@ -406,7 +397,7 @@ class PostgresArchive(Closing):
             rows = yield self._db(_pg_flows.unembedded(self._st, batch_size))
             if not rows:
                 return done
-            texts = [_embedded(speaker, text) for _, text, speaker in rows]
+            texts = [_options.embedded(speaker, text) for _, text, speaker in rows]
             embedded = yield _Embed(self._embedder, documents=texts)
             pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
             flow = _pg_flows.store_vectors(self._st, pairs, self._embedder.name)

@@ -34,7 +34,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Literal, NamedTuple
 
@@ -52,10 +52,9 @@ from demote.archive import (
     _vectors,
 )
 from demote.archive._search import Reranker
-from demote.archive.embeddings import Embedder, as_embedder
 from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
 from demote.backends.wal import truncate_wal
-from demote.errors import ArgumentTypeError, ConfigError, StoreError
+from demote.errors import ArgumentTypeError, StoreError
 from demote.records import (
     DemotedMessage,
     Demotion,
@@ -72,7 +71,7 @@ __all__ = ["ContextFn", "SQLiteArchive"]
 #: Gives the context indexed with a message: a string (a speaker and a date, say), a
 #: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
 #: that is embedded), or ``None`` for none.
-ContextFn = Callable[[DemotedMessage], str | Mapping[str, str] | None]
+ContextFn = _options.ContextFn
 
 
 #: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
@@ -103,12 +102,6 @@ class _Row(NamedTuple):
     archived_at: float
 
 
-def _media_option(media: object) -> Literal["reference", "bytes"]:
-    if media not in ("reference", "bytes"):
-        raise ConfigError(f"media: must be 'reference' or 'bytes', got {media!r:.40}")
-    return "bytes" if media == "bytes" else "reference"
-
-
 def _with_data(
     db: sqlite3.Connection, conversation_id: str, found: list[Recalled]
 ) -> list[Recalled]:
@@ -131,10 +124,6 @@ def _with_data(
         data, at = rows.get(r.key, (None, None))
         out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
     return out
-
-
-def _embedded(speaker: str, text: str) -> str:
-    return f"{speaker}: {text}" if speaker else text
 
 
 class SQLiteArchive(Closing):
@@ -259,10 +248,8 @@ class SQLiteArchive(Closing):
         media: Literal["reference", "bytes"] = "reference",
     ) -> None:
         target = file_path("path", path)
-        self._media = _media_option(media)
+        self._media = _options.media_option(media)
         timeout = seconds("timeout", timeout)
-        if context is not None and not callable(context):
-            raise ArgumentTypeError(f"context: must be a callable or None, got {context!r:.40}")
         self._searcher = _options.searcher(
             context_weight=context_weight,
             adjacent_weight=adjacent_weight,
@@ -286,14 +273,7 @@ class SQLiteArchive(Closing):
         if not isinstance(entities, bool):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
         self._entities = entities
-        self._context = context
-        self._embedder: Embedder | None = None
-        if embeddings is not None:
-            self._embedder = as_embedder(embeddings)
-            _vectors.numpy()  # fail now, not at the first delivery
-        # The model's dimension probe: before the file is opened (a failing model leaves no
-        # file behind) and outside any lock.
-        dims = len(self._embedder.embed_query("dimensions")) if self._embedder else None
+        self._context, self._embedder, dims = _options.model_parts(context, embeddings)
         self._lock = threading.RLock()
         self._closed = False
         if not isinstance(read_only, bool):
@@ -426,7 +406,9 @@ class SQLiteArchive(Closing):
         if self._embedder is not None:
             known = self.has_keys(conversation_id, (r.key for r in rows))
             new = list({r.key: r for r in rows if r.key not in known}.values())
-            embedded = self._embedder.embed_documents([_embedded(r.speaker, r.text) for r in new])
+            embedded = self._embedder.embed_documents(
+                [_options.embedded(r.speaker, r.text) for r in new]
+            )
             if embedded:
                 packed = _vectors.pack(embedded)
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
@@ -497,7 +479,7 @@ class SQLiteArchive(Closing):
                 ).fetchall()
             if not rows:
                 return done
-            embedded = embedder.embed_documents([_embedded(r[4], r[3]) for r in rows])
+            embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
             with self._transaction("store vectors") as db:
                 db.executemany(
