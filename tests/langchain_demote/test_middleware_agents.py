@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,12 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
-from demote import Demoter, Demotion, SlidingWindow
-from demote.archive.sqlite import SQLiteArchive
+from demote import Demoter, SlidingWindow
 from demote.window.policy import ClearToolResults
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware
+from tests.support.counting import CountingArchive
 
 STEPS = 30
 LIMIT = 3000
@@ -99,26 +98,6 @@ class ToolLoopModel(BaseChatModel):
             call = {"name": "fetch", "args": {"n": step}, "id": f"call-{step}", "type": "tool_call"}
             reply = AIMessage("", tool_calls=[call])
         return ChatResult(generations=[ChatGeneration(message=reply)])
-
-
-class CountingArchive:
-    """A SQLite archive that also counts every key it is handed."""
-
-    def __init__(self, path: Path) -> None:
-        self.archive = SQLiteArchive(path)
-        self.deliveries: Counter[str] = Counter()
-        self.indexes: Counter[int] = Counter()
-        self.lock = threading.Lock()
-
-    def deliver(self, batch: Demotion) -> None:
-        with self.lock:
-            for m in batch.messages:
-                self.deliveries[m.key] += 1
-                self.indexes[m.index] += 1
-        self.archive.deliver(batch)
-
-    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
-        return self.archive.has_keys(conversation_id, keys)
 
 
 def check_request(messages: list[BaseMessage]) -> None:

@@ -18,8 +18,6 @@ import asyncio
 import itertools
 import math
 import sys
-import threading
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +26,11 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock, ToolCallBlock
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 
-from demote import Demoter, Demotion, SlidingWindow
-from demote.archive.sqlite import SQLiteArchive
+from demote import Demoter, SlidingWindow
 from demote.window.policy import ClearToolResults
 from llamaindex_demote import DemotingMemory
 from llamaindex_demote.messages import opened_calls, text_of
+from tests.support.counting import CountingArchive
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pydantic.warnings.PydanticDeprecationWarning:inspect"
@@ -68,26 +66,6 @@ def approx_tokens(messages: list[ChatMessage]) -> int:
     return total
 
 
-class Counting:
-    """A SQLite archive that also counts every key it is handed."""
-
-    def __init__(self, path: Path) -> None:
-        self.archive = SQLiteArchive(path)
-        self.deliveries: Counter[str] = Counter()
-        self.indexes: Counter[int] = Counter()
-        self.lock = threading.Lock()
-
-    def deliver(self, batch: Demotion) -> None:
-        with self.lock:
-            for m in batch.messages:
-                self.deliveries[m.key] += 1
-                self.indexes[m.index] += 1
-        self.archive.deliver(batch)
-
-    def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
-        return self.archive.has_keys(conversation_id, keys)
-
-
 def tool_loop_llm(seen: list[list[ChatMessage]], steps: int = STEPS) -> MockFunctionCallingLLM:
     """Calls ``fetch`` for pages 0..steps-1, one per model call, then answers."""
 
@@ -121,9 +99,9 @@ async def running(agent: FunctionAgent, task: str, memory: DemotingMemory, most:
 
 def run(
     tmp_path: Path, policy: SlidingWindow, steps: int = STEPS
-) -> tuple[DemotingMemory, Counting, Demoter, list[list[ChatMessage]], list[int]]:
+) -> tuple[DemotingMemory, CountingArchive, Demoter, list[list[ChatMessage]], list[int]]:
     """One FunctionAgent run; also returns the length of the memory's part of each call."""
-    hook = Counting(tmp_path / "archive.db")
+    hook = CountingArchive(tmp_path / "archive.db")
     demoter = Demoter(policy, hook)
     memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="agent")
     seen: list[list[ChatMessage]] = []
