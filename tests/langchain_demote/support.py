@@ -6,12 +6,14 @@ import asyncio
 import hashlib
 import itertools
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -22,7 +24,7 @@ from langchain_core.messages import (
     messages_from_dict,
     messages_to_dict,
 )
-from langchain_core.outputs import ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field
 
 from demote import Demoter, SlidingWindow, StateStore
@@ -157,3 +159,38 @@ class RecordingChatModel(GenericFakeChatModel):
     ) -> ChatResult:
         self.seen.append(list(messages))
         return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+class ScriptedToolModel(BaseChatModel):
+    """A chat model for agent tests that decides its reply from what it is sent.
+
+    Every list of messages it receives is recorded in ``calls`` (under a lock: a tool
+    node may call it from several threads); ``bind_tools`` returns it as it is. A
+    subclass writes :meth:`reply`, given the messages and where the newest human message
+    is.
+    """
+
+    calls: list[list[BaseMessage]] = Field(default_factory=list)
+    lock: Any = Field(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-tool-test"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedToolModel:
+        return self
+
+    def reply(self, messages: list[BaseMessage], last_human: int) -> AIMessage:
+        raise NotImplementedError
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        with self.lock:
+            self.calls.append(list(messages))
+        last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+        return ChatResult(generations=[ChatGeneration(message=self.reply(messages, last))])

@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from pydantic import Field
 
 from demote import Demoter, SlidingWindow
 from demote.archive.recall_tool import NO_CONVERSATION
@@ -36,6 +33,7 @@ from demote.window.tokens import approximate_tokens
 from langchain_demote import recall_tool
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware, thread_conversation_id
+from tests.langchain_demote.support import ScriptedToolModel
 
 SECRET = {"a": "ALPHA-7781", "b": "ZULU-5512"}
 END = {"a": "END-OF-CONFIG-A", "b": "END-OF-CONFIG-B"}
@@ -120,29 +118,13 @@ def fetch_placeholder(messages: list[BaseMessage]) -> dict[str, Any]:
     return {"key": keys[0]}
 
 
-class ScriptedModel(BaseChatModel):
+class ScriptedModel(ScriptedToolModel):
     """After the newest human message, call ``recall`` with each plan entry in turn, then
     answer with the last tool result. Every list of messages it is sent is recorded."""
 
     plan: list[Any]
-    calls: list[list[BaseMessage]] = Field(default_factory=list)
 
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-recall-test"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        self.calls.append(list(messages))
-        last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+    def reply(self, messages: list[BaseMessage], last: int) -> AIMessage:
         done = sum(isinstance(m, ToolMessage) for m in messages[last + 1 :])
         if done < len(self.plan):
             step = self.plan[done]
@@ -151,7 +133,7 @@ class ScriptedModel(BaseChatModel):
             reply = AIMessage("", tool_calls=[call])
         else:
             reply = AIMessage("answer: " + messages[-1].text[:200])
-        return ChatResult(generations=[ChatGeneration(message=reply)])
+        return reply
 
 
 def cleared_window(archive: Any, cid: str, question: str) -> list[BaseMessage]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -28,11 +27,9 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from pydantic import Field
 
 from demote import Backoff, Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
 from demote.archive.sqlite import SQLiteArchive
@@ -47,6 +44,7 @@ from langchain_demote.middleware import (
     thread_conversation_id,
 )
 from tests.conformance._langchain import add, lookup
+from tests.langchain_demote.support import ScriptedToolModel
 
 THREADS = ("t1", "t2")
 PINNED = "You are the test assistant."
@@ -55,7 +53,7 @@ TOPICS = ("hiking", "bread", "tides", "chess", "ferns", "trains", "violins")
 # -- a scripted tool-calling model and two tools -------------------------------------------
 
 
-class ScriptedModel(BaseChatModel):
+class ScriptedModel(ScriptedToolModel):
     """Per turn: two parallel tool calls, then one more call, then the answer.
 
     Every fifth turn (its text says "quick") is answered at once. Tool-call ids derive
@@ -63,24 +61,7 @@ class ScriptedModel(BaseChatModel):
     Every list of messages it receives is recorded in ``calls``.
     """
 
-    calls: list[list[BaseMessage]] = Field(default_factory=list)
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-test"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        self.calls.append(list(messages))
-        last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+    def reply(self, messages: list[BaseMessage], last: int) -> AIMessage:
         human = messages[last].text
         steps = sum(isinstance(m, AIMessage) for m in messages[last + 1 :])
         tag = hashlib.blake2b(human.encode(), digest_size=4).hexdigest()
@@ -116,7 +97,7 @@ class ScriptedModel(BaseChatModel):
                     }
                 ],
             )
-        return ChatResult(generations=[ChatGeneration(message=reply)])
+        return reply
 
 
 def turn_text(thread: str, n: int) -> str:

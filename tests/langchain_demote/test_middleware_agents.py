@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
@@ -29,16 +27,15 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.utils import count_tokens_approximately
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from pydantic import Field
 
 from demote import Demoter, SlidingWindow
 from demote.window.policy import ClearToolResults
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware
+from tests.langchain_demote.support import ScriptedToolModel
 from tests.support.counting import CountingArchive
 
 STEPS = 30
@@ -61,7 +58,7 @@ def fetch(n: int) -> str:
 TOOLS = [fetch]
 
 
-class ToolLoopModel(BaseChatModel):
+class ToolLoopModel(ScriptedToolModel):
     """Calls ``fetch`` for pages 0..steps-1, one per model call, then answers.
 
     It decides from what it is sent: the newest tool result names its page (its content
@@ -70,26 +67,8 @@ class ToolLoopModel(BaseChatModel):
     """
 
     steps: int = STEPS
-    calls: list[list[BaseMessage]] = Field(default_factory=list)
-    lock: Any = Field(default_factory=threading.Lock)
 
-    @property
-    def _llm_type(self) -> str:
-        return "tool-loop-test"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolLoopModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        with self.lock:
-            self.calls.append(list(messages))
-        last_user = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+    def reply(self, messages: list[BaseMessage], last_user: int) -> AIMessage:
         done = [m for m in messages[last_user + 1 :] if isinstance(m, AIMessage) and m.tool_calls]
         step = int(done[-1].tool_calls[0]["args"]["n"]) + 1 if done else 0
         if step >= self.steps:
@@ -97,7 +76,7 @@ class ToolLoopModel(BaseChatModel):
         else:
             call = {"name": "fetch", "args": {"n": step}, "id": f"call-{step}", "type": "tool_call"}
             reply = AIMessage("", tool_calls=[call])
-        return ChatResult(generations=[ChatGeneration(message=reply)])
+        return reply
 
 
 def check_request(messages: list[BaseMessage]) -> None:
