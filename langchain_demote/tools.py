@@ -50,6 +50,7 @@ from demote.archive.recall_tool import (
 )
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ConfigError
+from demote.hooks.base import ArchiveRecall
 from demote.window.tokens import Counter
 from langchain_demote._threads import first_message_id, run_thread_id
 
@@ -79,7 +80,7 @@ class RecallTool(BaseTool):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     args_schema: type[BaseModel] = RecallInput
-    archive: Any
+    archive: ArchiveRecall
     options: RecallOptions
     namer: Callable[[Any], str] | None = None
 
@@ -142,7 +143,7 @@ class RecallTool(BaseTool):
 
 
 def recall_tool(
-    archive: object,
+    archive: ArchiveRecall,
     *,
     k: int = 5,
     max_k: int = 20,
@@ -163,9 +164,9 @@ def recall_tool(
                              checkpointer=InMemorySaver(), middleware=[middleware])
 
     Args:
-        archive: The long tail: ``search(conversation_id, query, k)`` and
-            ``fetch(conversation_id, key)``, with async twins when it has them
-            (``SQLiteArchive``, ``PostgresArchive``).
+        archive: The long tail, an :class:`~demote.hooks.base.ArchiveRecall`:
+            ``search(conversation_id, query, k)`` and ``fetch(conversation_id, key)``,
+            with async twins when it has them (``SQLiteArchive``, ``PostgresArchive``).
         k: Hits a search returns when the model does not say.
         max_k: Most hits the model may ask for.
         budget_tokens: Tokens a search answer takes at most when the model does not say.

@@ -23,6 +23,7 @@ from llama_index.core.tools import FunctionTool
 
 from demote.archive.recall_tool import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
 from demote.engine._flow import drive_async, drive_sync
+from demote.hooks.base import ArchiveRecall
 from demote.state.base import validate_conversation_id
 from demote.window.tokens import Counter
 
@@ -30,7 +31,7 @@ __all__ = ["recall_tool"]
 
 
 def recall_tool(
-    archive: object,
+    archive: ArchiveRecall,
     conversation_id: object,
     *,
     k: int = 5,
@@ -46,9 +47,9 @@ def recall_tool(
     """A LlamaIndex tool with which an agent searches and fetches its archived messages.
 
     Args:
-        archive: The long tail: ``search(conversation_id, query, k)`` and
-            ``fetch(conversation_id, key)``, with async twins when it has them
-            (``SQLiteArchive``, ``PostgresArchive``).
+        archive: The long tail, an :class:`~demote.hooks.base.ArchiveRecall`:
+            ``search(conversation_id, query, k)`` and ``fetch(conversation_id, key)``,
+            with async twins when it has them (``SQLiteArchive``, ``PostgresArchive``).
         conversation_id: The conversation the tool reads: its id (the memory's
             ``chat_store_key``) or the :class:`~llamaindex_demote.DemotingMemory` itself.
         k: Hits a search returns when the model does not say.

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from demote.archive.render import MIN_HIT_TOKENS, render_fetched, render_hits
 from demote.engine._flow import Call
 from demote.errors import ConfigError
+from demote.hooks.base import ArchiveRecall
 from demote.window.tokens import Counter, approximate_tokens, resolve_counter
 
 __all__ = [
@@ -152,7 +153,7 @@ def tool_options(
         ConfigError: ``archive`` cannot both search and fetch, ``name`` is empty, or an
             option is out of range (the message names it).
     """
-    for method in ("search", "fetch"):
+    for method in ("search", "fetch"):  # what ArchiveRecall names, checked callable
         if not callable(getattr(archive, method, None)):
             raise ConfigError(f"archive: {archive!r:.60} has no {method}() (an archive has both)")
     if not isinstance(name, str) or not name:
@@ -169,7 +170,7 @@ def tool_options(
 
 
 def answer(
-    archive: object,
+    archive: ArchiveRecall,
     conversation_id: str | None,
     options: RecallOptions,
     *,
@@ -183,9 +184,8 @@ def answer(
     Run by :func:`demote.engine._flow.drive_sync` or :func:`demote.engine._flow.drive_async`.
 
     Args:
-        archive: Has ``search(conversation_id, query, k)`` and ``fetch(conversation_id,
-            key)`` (and optionally their async twins): ``SQLiteArchive``,
-            ``PostgresArchive``.
+        archive: An :class:`~demote.hooks.base.ArchiveRecall` (``search`` and ``fetch``,
+            and optionally their async twins): ``SQLiteArchive``, ``PostgresArchive``.
         conversation_id: The run's conversation, bound by the adapter (``None``: the run
             names none).
         options: The tool's bounds.

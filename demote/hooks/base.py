@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from demote.records import CapturedTurn, Demotion, Recalled
 
-__all__ = ["AsyncHook", "Capture", "Recall", "SyncHook"]
+__all__ = ["ArchiveRecall", "AsyncHook", "Capture", "Recall", "SyncHook"]
 
 
 @runtime_checkable
@@ -52,6 +52,26 @@ class Recall(Protocol):
             budget_tokens: Most tokens the returned texts may cost together (``None``: no
                 limit); a hit that does not fit is left out, and a later, shorter one may
                 take its place.
+        """
+
+
+@runtime_checkable
+class ArchiveRecall(Recall, Protocol):
+    """Recall that also reads one archived message back by its key: what recall tools take.
+
+    ``SQLiteArchive`` and ``PostgresArchive`` are both; ``Mem0Recall`` only searches (mem0
+    keeps memories, not the messages they came from). An implementation may also have
+    ``async def afetch(...)``; async callers use it when it is there.
+    """
+
+    def fetch(self, conversation_id: str, key: str) -> Recalled | None:
+        """The message of ``conversation_id`` archived under ``key``, or ``None``.
+
+        Args:
+            conversation_id: The conversation to read; a key of another conversation is
+                ``None`` here, never its message.
+            key: The dedup key the message was archived under (the key a cleared tool
+                result's placeholder names).
         """
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from demote.errors import ConfigError, ConversationIdError, EmbeddingModelChanged, FencedOut
-from demote.hooks.base import Recall, SyncHook
+from demote.hooks.base import ArchiveRecall, Recall, SyncHook
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 from tests.demote.archive.test_archive_vectors import TEXTS, Concepts
 
@@ -122,6 +122,8 @@ class ArchiveContract:
     def test_is_a_hook_and_a_recall(self, archive: Facade) -> None:
         assert isinstance(archive.archive, SyncHook)
         assert isinstance(archive.archive, Recall)
+        # What the recall tools take: it can also fetch by key.
+        assert isinstance(archive.archive, ArchiveRecall)
 
     def test_redelivery_stores_nothing_twice(self, archive: Facade) -> None:
         b = batch("c", "one", "two", "three")

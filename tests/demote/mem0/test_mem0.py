@@ -46,7 +46,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import FakeListChatModel
 
 from demote.errors import ConfigError, ConversationIdError, HookError, MissingExtraError, StoreError
-from demote.hooks.base import AsyncHook, Capture, Recall, SyncHook
+from demote.hooks.base import ArchiveRecall, AsyncHook, Capture, Recall, SyncHook
 from demote.mem0 import (
     KEY_FIELD,
     Mem0Capture,
@@ -301,6 +301,8 @@ def test_classes_meet_the_protocols(make_memory: Callable[..., Any]) -> None:
     assert isinstance(hook, SyncHook)
     assert isinstance(hook, AsyncHook)
     assert isinstance(Mem0Recall(memory), Recall)
+    # mem0 keeps memories, not the archived messages: it cannot back a recall tool.
+    assert not isinstance(Mem0Recall(memory), ArchiveRecall)
     with Mem0Capture(memory, infer=False) as capture:
         assert isinstance(capture, Capture)
 
