@@ -88,6 +88,21 @@ class Message:
     text: str
     opens: tuple[str, ...] = ()
     answers: str | None = None
+    #: The tool a result is of, or the tool an assistant message calls.
+    tool: str | None = None
+    #: The call's arguments (an assistant message that calls ``tool``).
+    args: dict[str, Any] | None = None
+
+
+def to_data(message: Message) -> dict[str, Any]:
+    """The neutral form an adapter would deliver: a call carries its name and arguments."""
+    data: dict[str, Any] = {"role": message.role, "text": message.text}
+    if message.args is not None:
+        data["tool_calls"] = [{"id": message.opens[0], "name": message.tool, "args": message.args}]
+    if message.answers is not None:
+        data["tool_call_id"] = message.answers
+        data["tool"] = message.tool
+    return data
 
 
 @dataclass(frozen=True)
@@ -195,12 +210,13 @@ _WORDS = str.split(
 )
 
 
-def _docs(rng: random.Random) -> str:
+def _docs(rng: random.Random) -> tuple[str, str]:
     topic = rng.choice(TOPICS)
-    return "\n".join(
+    body = "\n".join(
         f"result {i}: the {topic} guide says {' '.join(rng.sample(_WORDS, 14))}"
         for i in range(rng.randint(5, 25))
     )
+    return body, topic
 
 
 def make_trace(seed: int, requests: int, steps: int) -> tuple[list[Message], list[Question]]:
@@ -216,18 +232,27 @@ def make_trace(seed: int, requests: int, steps: int) -> tuple[list[Message], lis
             kind = rng.choice(("settings", "tests", "orders", "logs", "docs"))
             svc = rng.choice(SERVICES)
             value, queries = "", {}
+            # The call as an agent makes it: the tool's name and its arguments.
+            tool: str
+            args: dict[str, Any]
             if kind == "settings":
                 body, _, value, queries = _settings(rng, svc)
+                tool, args = "read_file", {"path": f"services/{svc}/settings.toml"}
             elif kind == "tests":
-                body, value, queries = _tests(rng, rng.choice(MODULES))
+                module = rng.choice(MODULES)
+                body, value, queries = _tests(rng, module)
+                tool, args = "run_tests", {"path": f"tests/{module}", "verbose": True}
             elif kind == "orders":
                 body, value, queries = _orders(rng)
+                tool, args = "query_db", {"sql": "SELECT * FROM orders WHERE updated > :since"}
             elif kind == "logs":
                 body, value, queries = _logs(rng, svc)
+                tool, args = "read_logs", {"service": svc, "since": "24h"}
             else:
-                body = _docs(rng)
-            messages.append(Message("assistant", "", opens=(call,)))
-            messages.append(Message("tool", body, answers=call))
+                body, topic = _docs(rng)
+                tool, args = "search_docs", {"query": topic}
+            messages.append(Message("assistant", "", opens=(call,), tool=tool, args=args))
+            messages.append(Message("tool", body, answers=call, tool=tool))
             if queries:
                 facts.append(Question(step, len(messages) - 1, value, queries))
             step += 1
@@ -259,7 +284,15 @@ def archive_traces(
         demoter.load(
             cid,
             messages,
-            lambda m: demoter.describe(m.role, m.text, opens=m.opens, answers=m.answers),
+            lambda m: demoter.describe(
+                m.role,
+                m.text,
+                opens=m.opens,
+                answers=m.answers,
+                tool=m.tool,
+                calls=[{"id": m.opens[0], "name": m.tool, "args": m.args}] if m.args else (),
+                to_data=to_data,
+            ),
         )
         built.append((cid, facts))
     return built
