@@ -85,7 +85,7 @@ def score(
         Score by message index (:func:`~demote.archive._rank.lexical_scores`), and the
         candidate rows: the BM25 pool plus the replies to its questions.
     """
-    weights, pool, coverage_weight, neighbours, _ = ranking
+    weights, pool, coverage_weight, neighbours = ranking[:4]
     columns = ("text", "context") if weights[2] > 0 else ("text",)
     searched = (*columns, "adjacent") if weights[3] > 0 else columns
     total, df = term_stats(db, conversation_id, tokens, len(columns) > 1)

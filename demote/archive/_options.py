@@ -76,6 +76,7 @@ def searcher(
     reranker: object | None = None,
     rerank_depth: int = 20,
     rerank_weight: float = 0.5,
+    packing: float = 0.0,
 ) -> _search.Searcher:
     """The searcher of an archive's options (see ``SQLiteArchive``), checked.
 
@@ -122,6 +123,7 @@ def searcher(
             weights["coverage"],
             weights["neighbours"],
             after,
+            _args.weight("packing", packing, high=4.0),
         ),
         speaker_weight=weights["speaker_weight"],
         fusion=fusion,  # type: ignore[arg-type]  # checked above

@@ -124,7 +124,7 @@ def _lexical(
     need: Lexical,
     asked: Sequence[str],
 ) -> Flow[tuple[dict[int, float], list[_rank.Candidate]]]:
-    weights, pool, coverage_weight, neighbours, _ = ranking
+    weights, pool, coverage_weight, neighbours = ranking[:4]
     terms = need.terms
     # The statistics hold the request's terms; a sub-query's terms are some of them.
     at = {term: n for n, term in enumerate(asked)}

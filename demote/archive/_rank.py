@@ -79,6 +79,9 @@ class Ranking(NamedTuple):
     neighbours: float
     #: How many following messages join a hit as one unit.
     after: int = 0
+    #: Budget packing (:func:`packed`): 0 fills the budget best first; above 0, when the
+    #: best ``k`` do not fit, they are taken by score per token ** ``packing``.
+    packing: float = 0.0
 
 
 def term_weights(total: int, df: Sequence[int]) -> list[float]:
@@ -268,6 +271,31 @@ def rerank(
     return out
 
 
+def packed(
+    order: Sequence[int],
+    score: Callable[[int], float],
+    cost: Callable[[int], int],
+    k: int,
+    budget: int,
+    packing: float,
+) -> list[int]:
+    """``order`` (best first) as a budget is best filled from it: a knapsack's greedy rule.
+
+    When the best ``k`` cost more than ``budget`` together, some must be left out, and
+    filling best first can spend the budget on a few long hits. Then the best ``k`` are
+    taken by ``score / cost ** packing`` (ties: their order), and the rest follow in their
+    order (a shorter one may still fill what is left). Otherwise, and with ``packing``
+    0, ``order`` is returned as it is, so a search whose budget is not what binds is
+    unchanged.
+    """
+    top = list(order[:k])
+    if packing <= 0 or sum(cost(i) for i in top) <= budget:
+        return list(order)
+    rank = {i: n for n, i in enumerate(top)}
+    top.sort(key=lambda i: (-score(i) / max(cost(i), 1) ** packing, rank[i]))
+    return [*top, *order[k:]]
+
+
 def select(
     scores: Mapping[int, float],
     rows: Mapping[int, Candidate],
@@ -276,6 +304,7 @@ def select(
     after: int = 0,
     budget: int | None = None,
     cost: Callable[[str], int] | None = None,
+    packing: float = 0.0,
 ) -> list[Recalled]:
     """The best hits, each with the ``after`` messages that follow it, as units.
 
@@ -292,6 +321,8 @@ def select(
         after: Following messages per unit.
         budget: Most tokens the returned texts may cost together (``None``: no limit).
         cost: Tokens of one text (required with ``budget``).
+        packing: Take the hits by :func:`packed`'s rule when the budget binds (0: best
+            first).
 
     Returns:
         The units best first, each in conversation order; every message carries its
@@ -301,7 +332,10 @@ def select(
     seen: set[int] = set()
     left = budget
     units = 0
-    for index in sorted(scores, key=lambda i: (-scores[i], i)):
+    order = [i for i in sorted(scores, key=lambda i: (-scores[i], i)) if i in rows]
+    if packing > 0 and budget is not None and cost is not None:
+        order = packed(order, scores.__getitem__, lambda i: cost(rows[i].text), k, budget, packing)
+    for index in order:
         if units >= k or (left is not None and left <= 0):
             break
         if index in seen or index not in rows:
@@ -325,14 +359,32 @@ def select(
     return picked
 
 
-def fit(hits: Sequence[Recalled], budget: int | None, cost: Callable[[str], int]) -> list[Recalled]:
-    """``hits`` (best first) cut to ``budget`` tokens by :func:`select`'s rule.
+def fit(
+    hits: Sequence[Recalled],
+    budget: int | None,
+    cost: Callable[[str], int],
+    *,
+    k: int | None = None,
+    packing: float = 0.0,
+) -> list[Recalled]:
+    """``hits`` (best first) cut to ``budget`` tokens (and ``k``) by :func:`select`'s rule.
 
     A hit that does not fit what is left is skipped, and a later, shorter one may still
-    fit. For stores that rank by themselves (mem0).
+    fit. For stores that rank by themselves (mem0), and to read a budget from one ranking.
     """
     if budget is None:
-        return list(hits)
+        return list(hits)[:k]
+    if packing > 0:
+        at = list(range(len(hits)))
+        order = packed(
+            at,
+            lambda i: hits[i].score,
+            lambda i: cost(hits[i].text),
+            k or len(hits),
+            budget,
+            packing,
+        )
+        hits = [hits[i] for i in order]
     kept: list[Recalled] = []
     for hit in hits:
         if budget <= 0:
@@ -341,4 +393,4 @@ def fit(hits: Sequence[Recalled], budget: int | None, cost: Callable[[str], int]
         if tokens <= budget:
             kept.append(hit)
             budget -= tokens
-    return kept
+    return kept[:k]

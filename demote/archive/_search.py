@@ -231,7 +231,15 @@ class Searcher:
                 methods.rerank_depth,
                 methods.rerank_weight,
             )
-        return _rank.select(scores, by_index, k, after=after, budget=budget, cost=self.count)
+        return _rank.select(
+            scores,
+            by_index,
+            k,
+            after=after,
+            budget=budget,
+            cost=self.count,
+            packing=self.ranking.packing,
+        )
 
     def favour_time(
         self, query: str, scores: dict[int, float], rows: dict[int, _rank.Candidate]

@@ -178,6 +178,11 @@ class PostgresArchive(Closing):
             only).
         rerank_depth: How many candidates the reranker sees.
         rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
+        packing: Budget packing, in ``[0, 4]``: when the best ``k`` hits cost more than
+            ``budget_tokens``, take them by score per token ** ``packing`` (a knapsack's
+            greedy rule), so a budget holds more short hits than a few long ones; ``0``
+            (the default) takes them best first. A search whose ``k`` binds before its
+            budget is unchanged.
         read_only: Open an existing archive for reading only (what ``demote inspect``
             and ``demote search`` do): nothing is created or migrated, the connections
             refuse writes, and ``deliver``/``erase`` raise :class:`StoreError`.
@@ -230,6 +235,7 @@ class PostgresArchive(Closing):
         reranker: Reranker | None = None,
         rerank_depth: int = 20,
         rerank_weight: float = 0.5,
+        packing: float = 0.0,
         read_only: bool = False,
         timeout: float = 10.0,
         connect_timeout: float = 5.0,
@@ -261,6 +267,7 @@ class PostgresArchive(Closing):
             reranker=reranker,
             rerank_depth=rerank_depth,
             rerank_weight=rerank_weight,
+            packing=packing,
         )
         _pg_schema.check_option(vectors)
         self.table = table

@@ -200,6 +200,11 @@ class SQLiteArchive(Closing):
             weight ``rerank_weight``; it runs on the search path, once per search.
         rerank_depth: How many candidates the reranker sees.
         rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
+        packing: Budget packing, in ``[0, 4]``: when the best ``k`` hits cost more than
+            ``budget_tokens``, take them by score per token ** ``packing`` (a knapsack's
+            greedy rule), so a budget holds more short hits than a few long ones; ``0``
+            (the default) takes them best first. A search whose ``k`` binds before its
+            budget is unchanged.
         media: How the whole messages' media are stored: ``"reference"`` (the default)
             keeps URLs, file ids, types and sizes and drops base64 bytes
             (:func:`demote.window._media.data_by_reference`); ``"bytes"`` keeps them, so the
@@ -245,6 +250,7 @@ class SQLiteArchive(Closing):
         reranker: Reranker | None = None,
         rerank_depth: int = 20,
         rerank_weight: float = 0.5,
+        packing: float = 0.0,
         media: Literal["reference", "bytes"] = "reference",
     ) -> None:
         target = file_path("path", path)
@@ -269,6 +275,7 @@ class SQLiteArchive(Closing):
             reranker=reranker,
             rerank_depth=rerank_depth,
             rerank_weight=rerank_weight,
+            packing=packing,
         )
         if not isinstance(entities, bool):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")

@@ -95,3 +95,53 @@ def test_fit_skips_what_does_not_fit() -> None:
     recalled = _rank.select({0: 3.0, 1: 2.0, 2: 1.0}, {r.index: r for r in hits}, 3)
     assert [r.index for r in _rank.fit(recalled, 20, len)] == [0, 2]
     assert _rank.fit(recalled, 0, len) == []
+
+
+def test_packing_fills_a_binding_budget_with_more_short_hits() -> None:
+    # One long best hit would spend the whole budget; packed, the two short ones come first.
+    hits = {0: row(0, "a" * 40), 1: row(1, "b" * 10), 2: row(2, "c" * 10)}
+    scores = {0: 3.0, 1: 2.5, 2: 2.4}
+    best_first = _rank.select(scores, hits, 3, budget=40, cost=len)
+    assert [r.index for r in best_first] == [0]
+    packed = _rank.select(scores, hits, 3, budget=40, cost=len, packing=1.0)
+    assert [r.index for r in packed] == [1, 2]
+    assert [r.score for r in packed] == [2.5, 2.4]  # each keeps its own score
+    # What the bench reads from one ranking is what the search returns.
+    ranked = _rank.select(scores, hits, 3)
+    assert _rank.fit(ranked, 40, len, k=3, packing=1.0) == packed
+
+
+def test_packing_leaves_a_search_whose_k_binds_unchanged() -> None:
+    hits = {0: row(0, "a" * 40), 1: row(1, "b" * 10), 2: row(2, "c" * 10)}
+    scores = {0: 3.0, 1: 2.5, 2: 2.4}
+    # The best two fit the budget: they are returned best first, packed or not.
+    assert [r.index for r in _rank.select(scores, hits, 2, budget=60, cost=len, packing=1.0)] == [
+        0,
+        1,
+    ]
+    assert _rank.packed([0, 1, 2], scores.__getitem__, lambda i: 10, 3, 100, 2.0) == [0, 1, 2]
+    assert _rank.packed([0, 1, 2], scores.__getitem__, lambda i: 10, 3, 10, 0.0) == [0, 1, 2]
+
+
+@given(
+    st.dictionaries(st.integers(0, 30), st.floats(0, 100), min_size=1),
+    st.dictionaries(st.integers(0, 31), texts, min_size=1),
+    st.integers(1, 10),
+    st.integers(0, 60),
+    st.sampled_from([0.1, 0.5, 1.0, 4.0]),
+)
+def test_packed_select_stays_within_k_and_the_budget(
+    scores: dict[int, float], texts: dict[int, str], k: int, budget: int, packing: float
+) -> None:
+    rows = {i: row(i, t) for i, t in texts.items()}
+    picked = _rank.select(scores, rows, k, budget=budget, cost=len, packing=packing)
+    assert sum(len(r.text) for r in picked) <= budget
+    assert len(picked) <= k
+    indexes = [r.index for r in picked]
+    assert len(indexes) == len(set(indexes)) and all(i in rows for i in indexes)
+    best = _rank.select(scores, rows, k, budget=budget, cost=len)
+    if (
+        sum(len(rows[i].text) for i in sorted(scores, key=lambda i: (-scores[i], i)) if i in rows)
+        <= budget
+    ):
+        assert picked == best  # nothing had to be left out: best first, as without packing

@@ -237,3 +237,20 @@ def test_a_search_returns_the_message_that_says_the_word_first() -> None:
         archive.deliver(batch("c", *texts))
         hits = archive.search("c", "marmalade", k=2)
         assert [h.index for h in hits] == [0, 1]
+
+
+def test_budget_packing_is_an_archive_option_that_fits_more_hits() -> None:
+    # The long message matches best and costs most of the budget by itself.
+    texts = ["garden " * 30, "weather", "my garden", "weather again", "garden gnome"]
+    with SQLiteArchive(":memory:", adjacent_weight=0, neighbours=0) as plain:
+        plain.deliver(batch("c", *texts))
+        best_first = plain.search("c", "garden", k=3, budget_tokens=55)
+    with SQLiteArchive(":memory:", adjacent_weight=0, neighbours=0, packing=1.0) as packed:
+        packed.deliver(batch("c", *texts))
+        hits = packed.search("c", "garden", k=3, budget_tokens=55)
+    assert [h.text for h in best_first] == [texts[0]]  # best first: the long one alone
+    assert {h.text for h in hits} == {"my garden", "garden gnome"}
+    with pytest.raises(ConfigError, match="packing"):
+        SQLiteArchive(":memory:", packing=-1)
+    with pytest.raises(ConfigError, match="packing"):
+        SQLiteArchive(":memory:", packing=float("nan"))

@@ -51,6 +51,7 @@ def test_time_decomposition_and_a_reranker_agree(
         "decompose": 0.8,
         "reranker": shortest_first,
         "rerank_weight": 0.3,
+        "packing": 0.5,
     }
     asked = [
         *queries()[:60],
@@ -71,6 +72,10 @@ def test_time_decomposition_and_a_reranker_agree(
                 continue
             want = lite.search("c", query, 5)
             got = pg.search("c", query, 5)
+            assert agree(want, got), query
+            # A budget that binds: both pack the same hits.
+            want = lite.search("c", query, 5, budget_tokens=30)
+            got = pg.search("c", query, 5, budget_tokens=30)
             assert agree(want, got), query
             compared += bool(want)
         assert compared >= 40
