@@ -61,8 +61,7 @@ from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 from demote._checks import check_message, check_messages
 from demote._validate import count
 from demote.engine import Demoter, Window
-from demote.engine._erase_flow import Twin, erase_conversation
-from demote.engine._flow import Call, Flow, drive_async, drive_sync
+from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
@@ -70,6 +69,7 @@ from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
 from llamaindex_demote import persist
+from llamaindex_demote._erasing import erase_chat
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.instrumentation import dispatcher, emit_events
 from llamaindex_demote.messages import core_role, to_core
@@ -540,22 +540,7 @@ class DemotingMemory(BaseChatStoreMemory):
         return await drive_async(self._erase(inner, wait))
 
     def _erase(self, inner: bool, wait: float | None) -> Flow[EraseReport]:
-        parts, cid = self._p, self.chat_store_key
-        return erase_conversation(
-            parts.demoter,
-            cid,
-            parts.describe,
-            read=Twin(self._held, self._aheld),
-            clear=Call(self.chat_store, "delete_messages", (cid,), {}) if inner else None,
-            also=() if parts.capture is None else (parts.capture,),
-            wait=wait,
-        )
-
-    def _held(self) -> list[tuple[int, ChatMessage]]:
-        return list(enumerate(self.get_all()))
-
-    async def _aheld(self) -> list[tuple[int, ChatMessage]]:
-        return list(enumerate(await self.aget_all()))
+        return erase_chat(self._p, self.chat_store, self.chat_store_key, inner, wait)
 
 
 def restore_pickled(data: dict[str, Any]) -> DemotingMemory:
