@@ -65,14 +65,14 @@ from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
-from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
 from llamaindex_demote import persist
+from llamaindex_demote._capturing import capture_users, needs_index
 from llamaindex_demote._erasing import erase_chat
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.instrumentation import dispatcher, emit_events
-from llamaindex_demote.messages import core_role, to_core
+from llamaindex_demote.messages import to_core
 
 __all__ = ["DemotingMemory", "restore_pickled"]
 
@@ -314,25 +314,6 @@ class DemotingMemory(BaseChatStoreMemory):
         return tokenize
 
     @staticmethod
-    def _needs_index(parts: Parts, messages: Sequence[ChatMessage]) -> bool:
-        return parts.capture is not None and any(core_role(m) == "user" for m in messages)
-
-    def _captured(self, parts: Parts, base: int, messages: Sequence[ChatMessage]) -> None:
-        """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
-        if parts.capture is None:
-            return
-        cid = self.chat_store_key
-        for i, message in enumerate(messages, base):
-            if core_role(message) != "user":
-                continue
-            rec = parts.describe(message)
-            key = make_key(cid, i, rec.fingerprint)
-            try:
-                parts.capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
-            except Exception as exc:  # the message is stored: the chat goes on without it
-                emit_events((parts.demoter.report_degraded(cid, "capture", exc),))
-
-    @staticmethod
     def _check_initial(initial_token_count: int) -> None:
         count("initial_token_count", initial_token_count, minimum=0)
 
@@ -470,20 +451,20 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
-        base = len(self.chat_store.get_messages(cid)) if self._needs_index(parts, messages) else 0
+        base = len(self.chat_store.get_messages(cid)) if needs_index(parts, messages) else 0
         for message in messages:
             self.chat_store.add_message(cid, message)
-        self._captured(parts, base, messages)
+        capture_users(parts, cid, base, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
         messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
-        needs = self._needs_index(parts, messages)
+        needs = needs_index(parts, messages)
         base = len(await self.chat_store.aget_messages(cid)) if needs else 0
         for message in messages:
             await self.chat_store.async_add_message(cid, message)
-        self._captured(parts, base, messages)
+        capture_users(parts, cid, base, messages)
 
     def set(self, messages: list[ChatMessage]) -> None:
         """Replace the whole conversation.
