@@ -46,9 +46,7 @@ its ``search`` in a thread). LlamaIndex agents only call the async methods.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +69,7 @@ from llamaindex_demote import persist
 from llamaindex_demote._capturing import capture_users, needs_index
 from llamaindex_demote._erasing import erase_chat
 from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote._recalling import with_recall
 from llamaindex_demote.instrumentation import dispatcher, emit_events
 from llamaindex_demote.messages import to_core
 
@@ -317,11 +316,6 @@ class DemotingMemory(BaseChatStoreMemory):
     def _check_initial(initial_token_count: int) -> None:
         count("initial_token_count", initial_token_count, minimum=0)
 
-    @staticmethod
-    def _fetch_k(parts: Parts) -> int:
-        # Ask for more than k: hits the model already sees in the window are dropped.
-        return 2 * parts.recall_k
-
     # -- reads -----------------------------------------------------------------------------
 
     def get(
@@ -379,47 +373,13 @@ class DemotingMemory(BaseChatStoreMemory):
     def _recalling_get(self, input: str | None) -> list[ChatMessage]:
         """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
         parts, window = self._p, self._load()
-        ask = parts.recall_query(window, input)
-        if ask is None:
-            return assemble(window)
-        recall, query, at = ask
-        began = time.perf_counter()
-        try:
-            hits = recall.search(
-                self.chat_store_key, query, self._fetch_k(parts), **parts.search_options()
-            )
-        except Exception as exc:
-            return self._without_recall(parts, window, exc)
-        return parts.recalled(window, hits, at, time.perf_counter() - began)
+        return drive_sync(with_recall(parts, self.chat_store_key, window, input))
 
     @dispatcher.span
     async def _arecalling_get(self, input: str | None) -> list[ChatMessage]:
         """Async :meth:`_recalling_get`: awaits ``asearch``, or runs ``search`` in a thread."""
         parts, window = self._p, await self._aload()
-        ask = parts.recall_query(window, input)
-        if ask is None:
-            return assemble(window)
-        recall, query, at = ask
-        cid, k = self.chat_store_key, self._fetch_k(parts)
-        began = time.perf_counter()
-        asearch = getattr(recall, "asearch", None)
-        options = parts.search_options()
-        try:
-            if asearch is not None:
-                hits = await asearch(cid, query, k, **options)
-            else:
-                search = functools.partial(recall.search, cid, query, k, **options)
-                hits = await asyncio.to_thread(search)
-        except Exception as exc:
-            return self._without_recall(parts, window, exc)
-        return parts.recalled(window, hits, at, time.perf_counter() - began)
-
-    def _without_recall(
-        self, parts: Parts, window: Window[ChatMessage], error: Exception
-    ) -> list[ChatMessage]:
-        """The window alone, when the recall failed: reported, never raised in the chat."""
-        emit_events((parts.demoter.report_degraded(self.chat_store_key, "recall", error),))
-        return assemble(window)
+        return await drive_async(with_recall(parts, self.chat_store_key, window, input))
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""
