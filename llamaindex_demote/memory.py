@@ -67,6 +67,7 @@ from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
 from llamaindex_demote import persist
 from llamaindex_demote._capturing import capture_users, needs_index
+from llamaindex_demote._defaults import build_demoter, conversation_key
 from llamaindex_demote._erasing import erase_chat
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote._recalling import with_recall
@@ -74,33 +75,6 @@ from llamaindex_demote.instrumentation import dispatcher, emit_events
 from llamaindex_demote.messages import to_core
 
 __all__ = ["DemotingMemory", "restore_pickled"]
-
-#: Share of an LLM's context window used for the window when only ``llm=`` sizes it
-#: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
-LLM_WINDOW_RATIO = 0.75
-
-
-def _build_demoter(
-    demoter: Demoter | None,
-    policy: SlidingWindow | None,
-    hook: object | None,
-    state: StateStore | None,
-    token_limit: int | None,
-    llm: LLM | None,
-) -> Demoter:
-    if demoter is not None:
-        if policy is not None or hook is not None or state is not None:
-            raise ConfigError("give either demoter= or policy=/hook=/state=, not both")
-        if not isinstance(demoter, Demoter):
-            raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-        return demoter
-    if policy is None:
-        if token_limit is None and llm is not None:
-            token_limit = int(llm.metadata.context_window * LLM_WINDOW_RATIO)
-        if token_limit is None:
-            raise ConfigError("give demoter=, policy= or token_limit= to size the window")
-        policy = SlidingWindow.last_tokens(token_limit)
-    return Demoter(policy, hook, state=state)
 
 
 class DemotingMemory(BaseChatStoreMemory):
@@ -216,18 +190,11 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         if kwargs:
             raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
-        if session_id is not None:
-            validate_conversation_id(session_id, "session_id")
-            if chat_store_key not in (DEFAULT_CHAT_STORE_KEY, session_id):
-                raise ConfigError(
-                    f"session_id={session_id!r} and chat_store_key={chat_store_key!r} name "
-                    "two conversations; give one of them"
-                )
-            chat_store_key = session_id
+        chat_store_key = conversation_key(chat_store_key, session_id)
         if chat_history is not None:
             chat_history = check_messages(chat_history, ChatMessage, "chat_history")
         memory = cls(
-            demoter=_build_demoter(demoter, policy, hook, state, token_limit, llm),
+            demoter=build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
             chat_store_key=chat_store_key,
             recall=recall,
