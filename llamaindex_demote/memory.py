@@ -46,9 +46,7 @@ its ``search`` in a thread). LlamaIndex agents only call the async methods.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,47 +59,22 @@ from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 from demote._checks import check_message, check_messages
 from demote._validate import count
 from demote.engine import Demoter, Window
-from demote.engine._erase_flow import Twin, erase_conversation
-from demote.engine._flow import Call, Flow, drive_async, drive_sync
+from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
-from demote.records import CapturedTurn, make_key
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
 from llamaindex_demote import persist
+from llamaindex_demote._capturing import capture_users, needs_index
+from llamaindex_demote._defaults import build_demoter, conversation_key
+from llamaindex_demote._erasing import erase_chat
 from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote._recalling import with_recall
 from llamaindex_demote.instrumentation import dispatcher, emit_events
-from llamaindex_demote.messages import core_role, to_core
+from llamaindex_demote.messages import to_core
 
 __all__ = ["DemotingMemory", "restore_pickled"]
-
-#: Share of an LLM's context window used for the window when only ``llm=`` sizes it
-#: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
-LLM_WINDOW_RATIO = 0.75
-
-
-def _build_demoter(
-    demoter: Demoter | None,
-    policy: SlidingWindow | None,
-    hook: object | None,
-    state: StateStore | None,
-    token_limit: int | None,
-    llm: LLM | None,
-) -> Demoter:
-    if demoter is not None:
-        if policy is not None or hook is not None or state is not None:
-            raise ConfigError("give either demoter= or policy=/hook=/state=, not both")
-        if not isinstance(demoter, Demoter):
-            raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-        return demoter
-    if policy is None:
-        if token_limit is None and llm is not None:
-            token_limit = int(llm.metadata.context_window * LLM_WINDOW_RATIO)
-        if token_limit is None:
-            raise ConfigError("give demoter=, policy= or token_limit= to size the window")
-        policy = SlidingWindow.last_tokens(token_limit)
-    return Demoter(policy, hook, state=state)
 
 
 class DemotingMemory(BaseChatStoreMemory):
@@ -217,18 +190,11 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         if kwargs:
             raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
-        if session_id is not None:
-            validate_conversation_id(session_id, "session_id")
-            if chat_store_key not in (DEFAULT_CHAT_STORE_KEY, session_id):
-                raise ConfigError(
-                    f"session_id={session_id!r} and chat_store_key={chat_store_key!r} name "
-                    "two conversations; give one of them"
-                )
-            chat_store_key = session_id
+        chat_store_key = conversation_key(chat_store_key, session_id)
         if chat_history is not None:
             chat_history = check_messages(chat_history, ChatMessage, "chat_history")
         memory = cls(
-            demoter=_build_demoter(demoter, policy, hook, state, token_limit, llm),
+            demoter=build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
             chat_store_key=chat_store_key,
             recall=recall,
@@ -314,32 +280,8 @@ class DemotingMemory(BaseChatStoreMemory):
         return tokenize
 
     @staticmethod
-    def _needs_index(parts: Parts, messages: Sequence[ChatMessage]) -> bool:
-        return parts.capture is not None and any(core_role(m) == "user" for m in messages)
-
-    def _captured(self, parts: Parts, base: int, messages: Sequence[ChatMessage]) -> None:
-        """Send each user message of ``messages`` (stored from ``base`` on) to capture."""
-        if parts.capture is None:
-            return
-        cid = self.chat_store_key
-        for i, message in enumerate(messages, base):
-            if core_role(message) != "user":
-                continue
-            rec = parts.describe(message)
-            key = make_key(cid, i, rec.fingerprint)
-            try:
-                parts.capture.capture(CapturedTurn(cid, "user", rec.text, i, key))
-            except Exception as exc:  # the message is stored: the chat goes on without it
-                emit_events((parts.demoter.report_degraded(cid, "capture", exc),))
-
-    @staticmethod
     def _check_initial(initial_token_count: int) -> None:
         count("initial_token_count", initial_token_count, minimum=0)
-
-    @staticmethod
-    def _fetch_k(parts: Parts) -> int:
-        # Ask for more than k: hits the model already sees in the window are dropped.
-        return 2 * parts.recall_k
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -398,47 +340,13 @@ class DemotingMemory(BaseChatStoreMemory):
     def _recalling_get(self, input: str | None) -> list[ChatMessage]:
         """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
         parts, window = self._p, self._load()
-        ask = parts.recall_query(window, input)
-        if ask is None:
-            return assemble(window)
-        recall, query, at = ask
-        began = time.perf_counter()
-        try:
-            hits = recall.search(
-                self.chat_store_key, query, self._fetch_k(parts), **parts.search_options()
-            )
-        except Exception as exc:
-            return self._without_recall(parts, window, exc)
-        return parts.recalled(window, hits, at, time.perf_counter() - began)
+        return drive_sync(with_recall(parts, self.chat_store_key, window, input))
 
     @dispatcher.span
     async def _arecalling_get(self, input: str | None) -> list[ChatMessage]:
         """Async :meth:`_recalling_get`: awaits ``asearch``, or runs ``search`` in a thread."""
         parts, window = self._p, await self._aload()
-        ask = parts.recall_query(window, input)
-        if ask is None:
-            return assemble(window)
-        recall, query, at = ask
-        cid, k = self.chat_store_key, self._fetch_k(parts)
-        began = time.perf_counter()
-        asearch = getattr(recall, "asearch", None)
-        options = parts.search_options()
-        try:
-            if asearch is not None:
-                hits = await asearch(cid, query, k, **options)
-            else:
-                search = functools.partial(recall.search, cid, query, k, **options)
-                hits = await asyncio.to_thread(search)
-        except Exception as exc:
-            return self._without_recall(parts, window, exc)
-        return parts.recalled(window, hits, at, time.perf_counter() - began)
-
-    def _without_recall(
-        self, parts: Parts, window: Window[ChatMessage], error: Exception
-    ) -> list[ChatMessage]:
-        """The window alone, when the recall failed: reported, never raised in the chat."""
-        emit_events((parts.demoter.report_degraded(self.chat_store_key, "recall", error),))
-        return assemble(window)
+        return await drive_async(with_recall(parts, self.chat_store_key, window, input))
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""
@@ -470,20 +378,20 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
-        base = len(self.chat_store.get_messages(cid)) if self._needs_index(parts, messages) else 0
+        base = len(self.chat_store.get_messages(cid)) if needs_index(parts, messages) else 0
         for message in messages:
             self.chat_store.add_message(cid, message)
-        self._captured(parts, base, messages)
+        capture_users(parts, cid, base, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
         messages = check_messages(messages, ChatMessage, "messages")
         parts, cid = self._p, self.chat_store_key
-        needs = self._needs_index(parts, messages)
+        needs = needs_index(parts, messages)
         base = len(await self.chat_store.aget_messages(cid)) if needs else 0
         for message in messages:
             await self.chat_store.async_add_message(cid, message)
-        self._captured(parts, base, messages)
+        capture_users(parts, cid, base, messages)
 
     def set(self, messages: list[ChatMessage]) -> None:
         """Replace the whole conversation.
@@ -540,22 +448,7 @@ class DemotingMemory(BaseChatStoreMemory):
         return await drive_async(self._erase(inner, wait))
 
     def _erase(self, inner: bool, wait: float | None) -> Flow[EraseReport]:
-        parts, cid = self._p, self.chat_store_key
-        return erase_conversation(
-            parts.demoter,
-            cid,
-            parts.describe,
-            read=Twin(self._held, self._aheld),
-            clear=Call(self.chat_store, "delete_messages", (cid,), {}) if inner else None,
-            also=() if parts.capture is None else (parts.capture,),
-            wait=wait,
-        )
-
-    def _held(self) -> list[tuple[int, ChatMessage]]:
-        return list(enumerate(self.get_all()))
-
-    async def _aheld(self) -> list[tuple[int, ChatMessage]]:
-        return list(enumerate(await self.aget_all()))
+        return erase_chat(self._p, self.chat_store, self.chat_store_key, inner, wait)
 
 
 def restore_pickled(data: dict[str, Any]) -> DemotingMemory:
