@@ -44,8 +44,6 @@ a tombstone one generation on, so a delivery begun before it commits nothing aft
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
 import threading
 import time
 import warnings
@@ -54,8 +52,8 @@ from typing import Any, Literal, TypeVar, cast
 
 from demote._closing import Closing
 from demote._validate import count, seconds
-from demote.backends.breaker import Throttle
 from demote.engine._compaction import Compactor
+from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
@@ -90,18 +88,6 @@ from demote.window.policy import Compact, SlidingWindow
 from demote.window.tokens import TokenCache
 
 __all__ = ["Demoter"]
-
-logger = logging.getLogger("demote")
-
-#: Seconds between two warnings about one failing part (state store, recall, capture).
-DEGRADED_WARNING_PERIOD = 60.0
-
-_DEGRADED_WHAT = {
-    "state": "state store failed; windows are planned from the history alone and nothing "
-    "is delivered or committed until it answers",
-    "recall": "recall failed; windows go without recalled messages",
-    "capture": "capture failed; user turns are not captured",
-}
 
 T = TypeVar("T")
 
@@ -209,8 +195,6 @@ class Demoter(Closing):
         self.state: StateStore = store
         self.on_hook_error = on_hook_error
         self.on_store_error = on_store_error
-        self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
-        self._degraded_since: float | None = None
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -233,7 +217,7 @@ class Demoter(Closing):
         self._observers = Observers()
         self._tally = Tally()
         # Its parts, each with its own state: delivery (gates, leases, the store's
-        # breaker, hook threads, background flows), summaries, erase.
+        # breaker, hook threads, background flows), degraded mode, summaries, erase.
         self._delivery = Delivery(
             store,
             self.hook,
@@ -247,6 +231,7 @@ class Demoter(Closing):
             observers=self._observers,
             tally=self._tally,
         )
+        self._degradation = Degradation(self._delivery.breaker, self._observers, self._tally)
         self._compactor = (
             None
             if summarizer is None
@@ -394,13 +379,13 @@ class Demoter(Closing):
         except Exception as exc:  # down, slow or skipped: plan from the history alone
             if self.on_store_error == "raise":
                 raise
-            window = self._degraded(
+            window = self._degradation.window(
                 cid, self._windows.from_history(cid, messages, describe, reserved), exc
             )
             self._observers.publish(window.events)
             return window
-        if self._degraded_since is not None:
-            self._recovered()
+        if self._degradation.since is not None:
+            self._degradation.recovered()
         work = self._windows.prepare(cid, messages, describe, stored, reserved)
         if isinstance(work, Window):
             return work
@@ -471,7 +456,7 @@ class Demoter(Closing):
             delivery.let_go(hold)
         if failure is not None:
             self._windows.unconfirmed(cid, work)
-            return self._degraded(cid, self._windows.window(cid, work), failure), None
+            return self._degradation.window(cid, self._windows.window(cid, work), failure), None
         if committed is None:
             self._windows.unconfirmed(cid, work)
         if error is not None and self.on_hook_error == "raise":
@@ -488,44 +473,6 @@ class Demoter(Closing):
         return self._windows.window(cid, work, committed, demoted), work
 
     # -- degraded loads -----------------------------------------------------------------------
-
-    def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
-        """``window`` marked degraded, with its event; warned about once a period."""
-        retry_in = self._delivery.breaker.retry_in()
-        event = DemoteEvent.degraded(
-            cid, "state", error, start=window.start, end=window.total, retry_in=retry_in
-        )
-        with self._tally.lock:
-            self._tally.degraded += 1
-        if self._degraded_since is None:
-            self._degraded_since = time.monotonic()
-        self._warn("state", cid, error, retry_in)
-        events = (*window.events, event)
-        return dataclasses.replace(window, degraded=True, events=events)
-
-    def _warn(self, source: str, cid: str, error: BaseException, retry_in: float) -> None:
-        held = self._warnings.ready(source)
-        if held is None:
-            return
-        probe = f", next probe in {retry_in:.2g} s" if source == "state" else ""
-        more = f"; {held} more since the last warning" if held else ""
-        logger.warning(
-            "demote: %s (conversation %r%s%s; warned at most every %g s): %r",
-            _DEGRADED_WHAT[source],
-            cid,
-            probe,
-            more,
-            self._warnings.period,
-            error,
-        )
-
-    def _recovered(self) -> None:
-        since, self._degraded_since = self._degraded_since, None
-        if since is not None and self._warnings.quiet("state"):
-            logger.warning(
-                "demote: state store answers again after %.1f s; demotion resumes",
-                time.monotonic() - since,
-            )
 
     def report_degraded(
         self, conversation_id: str, source: DegradedSource, error: BaseException
@@ -547,12 +494,7 @@ class Demoter(Closing):
         Raises:
             ConfigError: ``source`` is not one of those.
         """
-        if source not in ("state", "recall", "capture"):
-            raise ConfigError(f"source: must be 'state', 'recall' or 'capture', got {source!r:.40}")
-        event = DemoteEvent.degraded(conversation_id, source, error)
-        self._warn(source, conversation_id, error, 0.0)
-        self._observers.publish((event,))
-        return event
+        return self._degradation.report(conversation_id, source, error)
 
     # -- lifecycle -------------------------------------------------------------------------
 
