@@ -31,12 +31,13 @@ Every message is therefore, at all times, in the window, covered by the committe
 summary, delivered to the hook, or pending and retried. The inner store (the source of
 truth) is never touched.
 
-Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``_flow``) and
-performed by two short drivers, one blocking, one awaiting (:mod:`demote.engine._flow`), so the
-async path never blocks an event loop. A sync hook that must not block past
-``hook_timeout`` (or must not block an event loop) runs on the engine's own threads
-(:mod:`demote.engine._runner`); a call that outlives its wait keeps the conversation busy, gate
-and lease, until it ends, so the same messages are never handed to the hook twice at once.
+Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``Loader.flow``,
+:mod:`demote.engine._loading`) and performed by two short drivers, one blocking, one
+awaiting (:mod:`demote.engine._flow`), so the async path never blocks an event loop. A
+sync hook that must not block past ``hook_timeout`` (or must not block an event loop) runs
+on the engine's own threads (:mod:`demote.engine._runner`); a call that outlives its wait
+keeps the conversation busy, gate and lease, until it ends, so the same messages are never
+handed to the hook twice at once.
 Leases are renewed by a keeper thread while a hook runs; ``clear`` revokes them and leaves
 a tombstone one generation on, so a delivery begun before it commits nothing after it.
 """
@@ -57,13 +58,14 @@ from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
+from demote.engine._loading import Loader
 from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
-from demote.engine._work import FRESH, Tally, Work
+from demote.engine._work import FRESH, Tally
 from demote.engine.result import Window
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
-from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
+from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning
 from demote.events import (
     ConversationStats,
     DegradedSource,
@@ -208,7 +210,6 @@ class Demoter(Closing):
         self.tokens = TokenCache(policy.counter)
         self._noop = type(self.hook) is NoopHook
         self._direct = bool(getattr(store, "nonblocking", False))
-        self._leasing = callable(getattr(store, "acquire_lease", None))
         attach = getattr(store, "attach", None)
         if callable(attach):
             attach()
@@ -217,7 +218,8 @@ class Demoter(Closing):
         self._observers = Observers()
         self._tally = Tally()
         # Its parts, each with its own state: delivery (gates, leases, the store's
-        # breaker, hook threads, background flows), degraded mode, summaries, erase.
+        # breaker, hook threads, background flows), degraded mode, summaries, erase,
+        # planning, and the load that drives them.
         self._delivery = Delivery(
             store,
             self.hook,
@@ -245,6 +247,18 @@ class Demoter(Closing):
             self._tally,
             noop=self._noop,
             summarizer=summarizer,
+        )
+        self._loader = Loader(
+            self._windows,
+            self._delivery,
+            self._degradation,
+            self._compactor,
+            self._views,
+            self._observers,
+            self._tally,
+            on_store_error=on_store_error,
+            on_hook_error=on_hook_error,
+            noop=self._noop,
         )
 
     # -- describing messages -------------------------------------------------------------
@@ -338,7 +352,7 @@ class Demoter(Closing):
         Raises:
             ConfigError: ``reserved`` is not an int ``>= 0``.
         """
-        return drive_sync(self._flow(conversation_id, messages, describe, reserved))
+        return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved))
 
     async def aload(
         self,
@@ -349,128 +363,7 @@ class Demoter(Closing):
         reserved: int = 0,
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited."""
-        return await drive_async(self._flow(conversation_id, messages, describe, reserved))
-
-    def _flow(
-        self,
-        conversation_id: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        reserved: int = 0,
-    ) -> Flow[Window[T]]:
-        if type(conversation_id) is str and conversation_id in self._views:
-            cid = conversation_id  # a cached view's id was checked when it was made
-        else:
-            cid = validate_conversation_id(conversation_id)
-        if type(messages) is not list and (
-            not isinstance(messages, Sequence) or isinstance(messages, str | bytes)
-        ):
-            raise ArgumentTypeError(
-                f"messages: expected a sequence of messages (a list), got {type(messages).__name__}"
-            )
-        if not callable(describe):
-            raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
-        count("reserved", reserved, minimum=0)
-        tally = self._tally
-        with tally.lock:
-            tally.loads += 1
-        try:
-            stored = yield from self._delivery.guarded("get", cid)
-        except Exception as exc:  # down, slow or skipped: plan from the history alone
-            if self.on_store_error == "raise":
-                raise
-            window = self._degradation.window(
-                cid, self._windows.from_history(cid, messages, describe, reserved), exc
-            )
-            self._observers.publish(window.events)
-            return window
-        if self._degradation.since is not None:
-            self._degradation.recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved)
-        if isinstance(work, Window):
-            return work
-        window, done = yield from self._run(cid, describe, stored, work)
-        if done is not None and done.plan.compact is not None and self._compactor is not None:
-            yield from self._compactor.maybe_compact(cid, done)
-        if not window.degraded:
-            tally.note_pending(cid, window.pending)
-        if window.events:
-            self._observers.publish(window.events)
-        return window
-
-    def _run(
-        self,
-        cid: str,
-        describe: Callable[[T], MessageRecord],
-        stored: ConversationState | None,
-        work: Work,
-    ) -> Flow[tuple[Window[T], Work | None]]:
-        """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
-        delivery = self._delivery
-        if not (work.changed or delivery.deliverable(cid, work)):
-            return self._windows.window(cid, work), work
-        hold = delivery.take(cid)
-        if hold is None:  # another caller of this process is delivering
-            self._windows.unconfirmed(cid, work)
-            return self._windows.window(cid, work), work
-        failure: Exception | None = None
-        try:
-            try:
-                if self._leasing and getattr(self.state, "shared", True):
-                    yield from delivery.unstrand(cid)
-                    try:
-                        lease = yield from delivery.guarded(
-                            "acquire_lease", cid, hold.holder, self.lease_ttl
-                        )
-                    except Exception:  # granted, perhaps, and the reply lost
-                        delivery.stranded[cid] = hold.holder
-                        raise
-                    if lease is None:  # another worker is delivering
-                        self._windows.unconfirmed(cid, work)
-                        return self._windows.window(cid, work), work
-                    hold.lease = lease
-                    delivery.keeper.hold(lease)
-                    current = lease.state
-                else:  # the gate alone: its last holder may have committed since we read
-                    current = yield from delivery.guarded("get", cid)
-                if current != stored:  # it moved on since we read it: plan again
-                    replanned = self._windows.prepare(
-                        cid, work.messages, describe, current, work.reserved
-                    )
-                    if isinstance(replanned, Window):
-                        yield from delivery.release(hold)
-                        return replanned, None
-                    work = replanned
-                if cid in delivery.unsure:  # delivered before, but that commit failed
-                    work.known = True
-                committed, demoted, error = yield from delivery.settle(hold, work)
-            except Exception as exc:  # the store failed mid-way (hook errors are settled)
-                if self.on_store_error == "raise":
-                    raise
-                failure = exc
-                if any(e.kind == "delivered" for e in work.events):
-                    delivery.unsure.add(cid)  # the next delivery asks what the hook holds
-                if hold.lease is not None and not hold.released:
-                    delivery.stranded[cid] = hold.lease
-        finally:
-            delivery.let_go(hold)
-        if failure is not None:
-            self._windows.unconfirmed(cid, work)
-            return self._degradation.window(cid, self._windows.window(cid, work), failure), None
-        if committed is None:
-            self._windows.unconfirmed(cid, work)
-        if error is not None and self.on_hook_error == "raise":
-            if isinstance(error, HookError):
-                raise error
-            raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
-        if committed is not None:
-            delivery.unsure.discard(cid)
-            self._windows.committed(cid, work, committed)
-            if self._noop:  # it took what left the window at once
-                prev = work.stored or FRESH
-                before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
-                demoted = max(0, committed.delivered - before)
-        return self._windows.window(cid, work, committed, demoted), work
+        return await drive_async(self._loader.flow(conversation_id, messages, describe, reserved))
 
     # -- degraded loads -----------------------------------------------------------------------
 
