@@ -48,14 +48,15 @@ import asyncio
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote._validate import count, seconds
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
+from demote.engine._describing import describe_message
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.engine._loading import Loader
@@ -65,7 +66,7 @@ from demote.engine._work import FRESH, Tally
 from demote.engine.result import Window
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
-from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning
+from demote.errors import ConfigError, DemoteWarning
 from demote.events import (
     ConversationStats,
     DegradedSource,
@@ -75,14 +76,7 @@ from demote.events import (
     Observers,
 )
 from demote.hooks.simple import NoopHook, check_hook
-from demote.records import (
-    ROLES,
-    ConversationState,
-    MessageRecord,
-    Role,
-    fingerprint,
-    parts_digest,
-)
+from demote.records import ConversationState, MessageRecord
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
@@ -92,19 +86,6 @@ from demote.window.tokens import TokenCache
 __all__ = ["Demoter"]
 
 T = TypeVar("T")
-
-
-def _call_ids(opens: object) -> tuple[str, ...]:
-    """``opens`` as a tuple of tool-call ids, or :class:`ArgumentTypeError`."""
-    if isinstance(opens, str | bytes):
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}")
-    try:
-        ids: tuple[object, ...] = tuple(cast("Iterable[object]", opens))
-    except TypeError:
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}") from None
-    if not all(isinstance(c, str) for c in ids):
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {ids!r:.80}")
-    return cast("tuple[str, ...]", ids)
 
 
 class Demoter(Closing):
@@ -306,28 +287,9 @@ class Demoter(Closing):
                 callable.
             ConfigError: ``role`` is not one of the core's roles.
         """
-        if not isinstance(text, str):
-            raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
-        opens = _call_ids(opens) if opens else ()
-        if answers is not None and not isinstance(answers, str):
-            raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
-        if tool is not None and not isinstance(tool, str):
-            raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
-        if not isinstance(role, str) or role not in ROLES:
-            raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
-        if calls and (
-            not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
-        ):
-            raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
-        if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
-            raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
-        if to_data is not None and not callable(to_data):
-            raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
-        fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
-        tokens = self.tokens.count(
-            fp, text, calls=calls, blocks=blocks, answers=answers, message=message
+        return describe_message(
+            self.tokens, role, text, opens, answers, tool, calls, blocks, message, to_data
         )
-        return MessageRecord(cast("Role", role), text, fp, tokens, opens, answers, tool, to_data)
 
     # -- loading --------------------------------------------------------------------------
 
