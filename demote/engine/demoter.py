@@ -60,6 +60,7 @@ from demote.engine._describing import describe_message
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.engine._loading import Loader
+from demote.engine._stats import stats_of_conversation, stats_of_demoter
 from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
 from demote.engine._work import FRESH, Tally
@@ -519,49 +520,19 @@ class Demoter(Closing):
 
     def stats(self) -> DemoterStats:
         """What this Demoter did since it was made (counts of this process)."""
-        tally = self._tally
-        conversations = self.state.count()
-        with tally.lock:
-            error, at = tally.last_error or (None, None)
-            return DemoterStats(
-                conversations=conversations,
-                loads=tally.loads,
-                delivered=tally.delivered,
-                pending=sum(tally.pending.values()),
-                failures=tally.failures,
-                last_error=error,
-                last_error_at=at,
-                summaries=tally.summaries,
-                resyncs=tally.resyncs,
-                degraded=tally.degraded,
-            )
+        return stats_of_demoter(self._tally, self.state.count())
 
     def conversation_stats(self, conversation_id: str) -> ConversationStats:
         """One conversation's watermarks, pending messages and delivery health."""
         cid = validate_conversation_id(conversation_id)
         state = self.state.get(cid) or FRESH
-        return self._conversation_stats(cid, state)
+        return stats_of_conversation(cid, state, self._tally, self._retry)
 
     async def aconversation_stats(self, conversation_id: str) -> ConversationStats:
         """Async :meth:`conversation_stats` (the store is awaited)."""
         cid = validate_conversation_id(conversation_id)
         state = (await drive_async(self._delivery.store_op("get", cid))) or FRESH
-        return self._conversation_stats(cid, state)
-
-    def _conversation_stats(self, cid: str, state: ConversationState) -> ConversationStats:
-        pending = max(0, state.window_start - max(state.delivered, state.pinned))
-        error, at = self._tally.errors.get(cid) or (None, None)
-        return ConversationStats(
-            conversation_id=cid,
-            window_start=state.window_start,
-            delivered=state.delivered,
-            pending=pending,
-            summarized=state.summarized,
-            failures=self._retry.failures(cid),
-            retry_in=self._retry.wait(cid),
-            last_error=error,
-            last_error_at=at,
-        )
+        return stats_of_conversation(cid, state, self._tally, self._retry)
 
     def close(self) -> None:
         """Stop the engine's threads (hook calls still running finish on their own)."""
