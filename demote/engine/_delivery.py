@@ -413,3 +413,34 @@ class Delivery:
                 self._tally.note_pending(cid, max(0, late.window_start - late.delivered))
                 return
         yield from self.release(hold)
+
+    # -- waiting for the background flows ------------------------------------------------
+
+    def drain(self, timeout: float | None) -> bool:
+        """Wait for the background threads (of sync loads); ``True`` if none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.background_lock:
+                threads = [t for t in self.background if isinstance(t, threading.Thread)]
+            if not threads:
+                return True
+            for thread in threads:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
+                if thread.is_alive():
+                    return False
+
+    async def adrain(self, timeout: float | None) -> bool:
+        """Await the background tasks (of async loads), then the threads; ``True`` if idle."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.background_lock:
+                tasks = [t for t in self.background if isinstance(t, asyncio.Task)]
+            if not tasks:
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            if pending:
+                return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await asyncio.to_thread(self.drain, left)

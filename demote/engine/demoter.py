@@ -44,9 +44,6 @@ a tombstone one generation on, so a delivery begun before it commits nothing aft
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -462,32 +459,11 @@ class Demoter(Closing):
 
         Async loads run their background work as tasks: await :meth:`adrain` instead.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._delivery.background_lock:
-                threads = [t for t in self._delivery.background if isinstance(t, threading.Thread)]
-            if not threads:
-                return True
-            for thread in threads:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                thread.join(left)
-                if thread.is_alive():
-                    return False
+        return self._delivery.drain(timeout)
 
     async def adrain(self, timeout: float | None = None) -> bool:
         """Await background tasks started by async loads (and threads of sync loads)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._delivery.background_lock:
-                tasks = [t for t in self._delivery.background if isinstance(t, asyncio.Task)]
-            if not tasks:
-                break
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            _, pending = await asyncio.wait(tasks, timeout=left)
-            if pending:
-                return False
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return await asyncio.to_thread(self.drain, left)
+        return await self._delivery.adrain(timeout)
 
     def tracked_conversations(self) -> int:
         """How many conversations have demotion state."""
