@@ -188,7 +188,6 @@ class Demoter(Closing):
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
         self._noop = type(self.hook) is NoopHook
-        self._direct = bool(getattr(store, "nonblocking", False))
         attach = getattr(store, "attach", None)
         if callable(attach):
             attach()
@@ -218,7 +217,9 @@ class Demoter(Closing):
             if summarizer is None
             else Compactor(summarizer, self._delivery, self._observers, self._tally)
         )
-        self._eraser = Eraser(self._delivery, self._views, self._retry, self._tally)
+        self._eraser = Eraser(
+            self._delivery, self._compactor, self._views, self._retry, self._tally
+        )
         self._windows = Windows(
             policy,
             self._views,
@@ -358,19 +359,19 @@ class Demoter(Closing):
         lease, so a delivery still in flight for it, in any process, commits nothing.
         What the hook already holds stays there (see ``erase`` to remove it).
         """
-        drive_sync(self._reset(conversation_id, "clear"))
+        drive_sync(self._eraser.reset(conversation_id, "clear"))
 
     async def aclear(self, conversation_id: str) -> None:
         """Async :meth:`clear`."""
-        await drive_async(self._reset(conversation_id, "clear"))
+        await drive_async(self._eraser.reset(conversation_id, "clear"))
 
     def forget(self, conversation_id: str) -> None:
         """Drop everything tracked for the conversation: its state row, lease and caches."""
-        drive_sync(self._reset(conversation_id, "delete"))
+        drive_sync(self._eraser.reset(conversation_id, "delete"))
 
     async def aforget(self, conversation_id: str) -> None:
         """Async :meth:`forget`."""
-        await drive_async(self._reset(conversation_id, "delete"))
+        await drive_async(self._eraser.reset(conversation_id, "delete"))
 
     def erase(
         self,
@@ -417,22 +418,6 @@ class Demoter(Closing):
         """Async :meth:`erase` (stores and tiers are awaited)."""
         flow = self._eraser.erase(conversation_id, messages, describe, wait, also, keys)
         return await drive_async(flow)
-
-    def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
-        cid = validate_conversation_id(conversation_id)
-        if how == "clear" and not callable(getattr(self.state, "clear", None)):
-            how = "delete"  # a store from before tombstones
-        delivery = self._delivery
-        with delivery.lock:
-            delivery.gates.pop(cid, None)
-            if self._compactor is not None:
-                self._compactor.forget(cid)
-            if self._direct:  # in the same step, so no commit of a taken gate lands after
-                getattr(self.state, how)(cid)
-        self._views.forget(cid)
-        self._retry.succeeded(cid)
-        if not self._direct:
-            yield from delivery.store_op(how, cid)
 
     def seed(self, conversation_id: str, state: ConversationState) -> bool:
         """Replace the conversation's committed state with ``state``; ``True`` if stored.
