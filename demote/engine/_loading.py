@@ -1,11 +1,36 @@
-"""A Demoter's load, steps 1 to 5 of the theory of operation in :mod:`demote.engine.demoter`.
+"""A Demoter's load, step by step (the theory of operation: :mod:`demote.engine.demoter`).
 
-:class:`Loader` drives one load through the Demoter's other parts: it reads the committed
-state through the store's breaker (a load whose store fails is degraded, see
-:mod:`demote.engine._degraded`), has :class:`~demote.engine._windows.Windows` plan it, and,
-when the window moves or messages are pending, takes the gate and lease, re-plans against
-the state read with them, and has :class:`~demote.engine._delivery.Delivery` deliver and
-commit; then it starts a summary if the plan marks one, and publishes the load's events.
+:class:`Loader` drives one load through the Demoter's other parts: the planning of
+:class:`~demote.engine._windows.Windows`, the gate, lease, batches and commit of
+:class:`~demote.engine._delivery.Delivery`, the degraded mode of
+:mod:`demote.engine._degraded` (a load whose store fails). One load:
+
+1. reads the committed state (one store round trip);
+2. describes only the messages the planner needs (records are cached per conversation by
+   message identity, see :mod:`demote.engine._views`) and runs the pure planner. A history that
+   no longer matches the state is re-synced from a fresh state (one generation on); a
+   stale, shorter copy read by a slow request is served its own window and changes
+   nothing;
+3. if the plan moves the window, or messages are *pending* (they left the window but the
+   hook has not accepted them) and the conversation's retry backoff allows an attempt, it
+   takes the conversation's in-process gate and, on a shared store, its lease (never
+   waiting for either: a caller without them returns the planned window at once). The
+   lease comes with the committed state read in the same step (without a lease, the state
+   is read again once the gate is taken: its last holder may have committed since); if it
+   moved on, the load re-plans against it;
+4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
+   the lease's fencing token, then commits the new window start and how far the hook got
+   with one compare-and-set that is valid only while the lease is held, and releases the
+   lease in the same step. A hook failure moves nothing back: the window start is
+   committed anyway (the window obeys the policy's bound whatever the hook does), the
+   watermark stays behind the undelivered messages, and the conversation backs off;
+5. returns the window: pinned system messages, the committed summary, the kept messages.
+
+Before it returns, it starts the summary of the groups a ``Compact`` plan marks (in the
+background, see :mod:`demote.engine._compaction`) and publishes the load's events. A
+store that fails, times out or is known down (see :mod:`demote.backends.breaker`) gives a
+degraded window instead of an error (``on_store_error="degrade"``): planned from the
+history alone when step 1 fails, the planned one when a later step does.
 """
 
 from __future__ import annotations

@@ -4,42 +4,28 @@ Theory of operation
 -------------------
 Adapters call :meth:`Demoter.load` (or :meth:`Demoter.aload`) on every read with the
 conversation's full history and a function that describes one message as a
-:class:`~demote.records.MessageRecord`. One load:
-
-1. reads the committed state (one store round trip);
-2. describes only the messages the planner needs (records are cached per conversation by
-   message identity, see :mod:`demote.engine._views`) and runs the pure planner. A history that
-   no longer matches the state is re-synced from a fresh state (one generation on); a
-   stale, shorter copy read by a slow request is served its own window and changes
-   nothing;
-3. if the plan moves the window, or messages are *pending* (they left the window but the
-   hook has not accepted them) and the conversation's retry backoff allows an attempt, it
-   takes the conversation's in-process gate and, on a shared store, its lease (never
-   waiting for either: a caller without them returns the planned window at once). The
-   lease comes with the committed state read in the same step (without a lease, the state
-   is read again once the gate is taken: its last holder may have committed since); if it
-   moved on, the load re-plans against it;
-4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
-   the lease's fencing token, then commits the new window start and how far the hook got
-   with one compare-and-set that is valid only while the lease is held, and releases the
-   lease in the same step. A hook failure moves nothing back: the window start is
-   committed anyway (the window obeys the policy's bound whatever the hook does), the
-   watermark stays behind the undelivered messages, and the conversation backs off;
-5. returns the window: pinned system messages, the committed summary, the kept messages.
+:class:`~demote.records.MessageRecord`. A load reads the committed state and runs the pure
+planner; if the plan moves the window, or messages are *pending* (they left the window but
+the hook has not accepted them), it takes the conversation's gate and lease (never waiting
+for either), hands the pending messages to the hook in batches and commits with one fenced
+compare-and-set; it returns the window: pinned system messages, the committed summary, the
+kept messages. A hook failure moves nothing back: the window start is committed anyway,
+the watermark stays behind the undelivered messages, and the conversation backs off. The
+five steps, one by one, are told in :mod:`demote.engine._loading`.
 
 Every message is therefore, at all times, in the window, covered by the committed
 summary, delivered to the hook, or pending and retried. The inner store (the source of
 truth) is never touched.
 
-Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``Loader.flow``,
-:mod:`demote.engine._loading`) and performed by two short drivers, one blocking, one
-awaiting (:mod:`demote.engine._flow`), so the async path never blocks an event loop. A
-sync hook that must not block past ``hook_timeout`` (or must not block an event loop) runs
-on the engine's own threads (:mod:`demote.engine._runner`); a call that outlives its wait
-keeps the conversation busy, gate and lease, until it ends, so the same messages are never
-handed to the hook twice at once.
-Leases are renewed by a keeper thread while a hook runs; ``clear`` revokes them and leaves
-a tombstone one generation on, so a delivery begun before it commits nothing after it.
+Every I/O of a load (the state read, the lease, the hook, the commit) is an operation
+yielded by one generator (``Loader.flow``) and performed by two short drivers, one
+blocking, one awaiting (:mod:`demote.engine._flow`), so the async path never blocks an
+event loop. A sync hook that must not block past ``hook_timeout`` (or must not block an
+event loop) runs on the engine's own threads (:mod:`demote.engine._runner`); a call that
+outlives its wait keeps the conversation busy, gate and lease, until it ends, so the same
+messages are never handed to the hook twice at once. Leases are renewed by a keeper thread
+while a hook runs; ``clear`` revokes them and leaves a tombstone one generation on, so a
+delivery begun before it commits nothing after it.
 """
 
 from __future__ import annotations
