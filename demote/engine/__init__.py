@@ -1,15 +1,18 @@
-"""The demotion engine: the Demoter and its parts (flow, delivery, compaction, erase).
+"""The demotion engine: the Demoter and its parts (load, delivery, compaction, erase).
 
 ``demote.engine.demoter`` holds the :class:`Demoter` and its theory of operation,
-``demote.engine.result`` the :class:`Window` a load returns. The
-Demoter is composed of parts, each an object with its own state that it holds (not
-inherits): ``Windows`` (``_windows``: plans a load against the committed state and
-builds the window it returns), ``Delivery`` (``_delivery``: the gate and lease, batches,
-the fenced commit, the store's breaker, hook threads and background flows),
-``Compactor`` (``_compaction``: background summaries) and ``Eraser`` (``_erasing``, with
-``_erase_flow`` for the adapters' erase); ``_work`` holds what they pass each other.
-Beside them: the I/O operations and their drivers (``_flow``), per-conversation views
-(``_views``), the hook threads and lease keeper (``_runner``), and retry backoff.
+``demote.engine.result`` the :class:`Window` a load returns. The Demoter is composed of
+parts, each an object with its own state that it holds (not inherits): ``Loader``
+(``_loading``: one load, step by step, driving the others), ``Windows`` (``_windows``:
+plans a load against the committed state and builds the window it returns), ``Delivery``
+(``_delivery``: the gate and lease, the fenced commit, the store's breaker, hook threads
+and background flows, with ``Batches``, ``_batches``: what one hook call is handed and
+what its outcome records), ``Degradation`` (``_degraded``: degraded loads and warnings),
+``Compactor`` (``_compaction``: background summaries) and ``Eraser`` (``_erasing``: clear,
+forget and erase, with ``_erase_flow`` for the adapters' erase); ``_work`` holds what they
+pass each other. Beside them: describing a message (``_describing``), stats (``_stats``),
+the I/O operations and their drivers (``_flow``), per-conversation views (``_views``), the
+hook threads and lease keeper (``_runner``), and retry backoff.
 """
 
 from demote.engine.demoter import Demoter

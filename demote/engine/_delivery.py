@@ -2,7 +2,8 @@
 
 :class:`Delivery` is the part of a :class:`~demote.engine.Demoter` that talks to the
 hook and commits; the Demoter holds one. Everything is a generator of the
-operations in :mod:`demote.engine._flow`, shared by the sync and async drivers.
+operations in :mod:`demote.engine._flow`, shared by the sync and async drivers. What one
+hook call is handed, and what its outcome records, is :mod:`demote.engine._batches`.
 
 A *hold* is a conversation's in-process gate, and its store lease once taken. Only its
 owner delivers and commits. A load waits for the hook at most ``hook_wait`` (and never
@@ -29,7 +30,8 @@ from dataclasses import replace
 from typing import Any
 
 from demote.backends.breaker import Breaker, breaker_of, is_outage
-from demote.engine._flow import Deliver, Flow, HasKeys, Outcome, Running, Spawn, drive_async
+from demote.engine._batches import Batches
+from demote.engine._flow import Deliver, Flow, Outcome, Running, Spawn, drive_async
 from demote.engine._flow import store_call as _op
 from demote.engine._runner import HookRunner, LeaseKeeper
 from demote.engine._views import ViewCache
@@ -37,36 +39,10 @@ from demote.engine._work import FRESH, Detached, Hold, Tally, Work
 from demote.engine.retry import RetryTracker
 from demote.errors import HookTimeout, StoreUnavailable
 from demote.events import DemoteEvent, Observers
-from demote.records import (
-    ConversationState,
-    DemotedMessage,
-    Demotion,
-    MessageRecord,
-    make_key,
-    text_data,
-)
+from demote.records import ConversationState
 from demote.state.base import Lease, StateStore
 
 logger = logging.getLogger("demote")
-
-
-def _data(rec: MessageRecord, raw: Any) -> dict[str, Any]:
-    """The neutral form of a message being delivered: the adapter's, or the record's.
-
-    Made here, at delivery, from the framework message, so the cached records stay small.
-    A converter that fails gives the text-only form (logged): a hook still gets the
-    message, and the conversation does not stall on one odd message.
-    """
-    if rec.to_data is not None:
-        try:
-            data = rec.to_data(raw)
-        except Exception as exc:
-            logger.warning("demote: cannot convert a message to its neutral form: %r", exc)
-        else:
-            if isinstance(data, dict):
-                return data
-            logger.warning("demote: to_data returned %s, not a dict", type(data).__name__)
-    return text_data(rec.role, rec.text, rec.answers, rec.tool)
 
 
 class Delivery:
@@ -74,9 +50,9 @@ class Delivery:
 
     How a :class:`~demote.engine.Demoter` hands what left the window to its hook and
     commits the watermark; one per Demoter. It owns the in-process gates, the leases (and
-    their keeper), the store's breaker, the hook threads and the background flows; the
-    view cache, retry tracker, observers and tally it is given are the Demoter's, shared
-    with its other parts.
+    their keeper), the store's breaker, the hook threads, the background flows and its
+    :class:`~demote.engine._batches.Batches`; the view cache, retry tracker, observers and
+    tally it is given are the Demoter's, shared with its other parts.
     """
 
     def __init__(
@@ -100,12 +76,11 @@ class Delivery:
         self.hook_wait = hook_wait
         self.lease_ttl = lease_ttl
         self.max_batch = max_batch
-        self._views = views
+        self._batches = Batches(hook, views, retry, tally)
         self._retry = retry
         self._observers = observers
         self._tally = tally
         self._direct = bool(getattr(state, "nonblocking", False))
-        self._probe = callable(getattr(hook, "has_keys", None))
         self.breaker: Breaker = breaker_of(state)
         self.runner = HookRunner(hook_threads)
         self.keeper = LeaseKeeper(state, lease_ttl)
@@ -195,10 +170,10 @@ class Delivery:
         if delivered < end and self.deliverable(cid, work):
             while delivered < end:
                 hi = min(end, delivered + self.max_batch)
-                batch = yield from self._batch(hold, work, delivered, hi)
+                batch = yield from self._batches.of(hold, work, delivered, hi)
                 if batch.messages:
                     began = time.perf_counter()
-                    sent = self._sent(work, batch)
+                    sent = self._batches.sent(work, batch)
                     n, lo = end - delivered, delivered
                     detach = self._detacher(
                         hold, Detached(None, batch, lo, hi, target.generation, sent, n, began)
@@ -214,7 +189,7 @@ class Delivery:
                         )
                     except Exception as exc:
                         error = exc
-                        self._failed(
+                        self._batches.failed(
                             work.events, batch, lo, hi, n, exc, time.perf_counter() - began
                         )
                         break
@@ -223,9 +198,11 @@ class Delivery:
                         if running.timed_out:
                             error = HookTimeout(f"hook did not finish within {self.hook_timeout} s")
                             took = time.perf_counter() - began
-                            self._failed(work.events, batch, lo, hi, n, error, took)
+                            self._batches.failed(work.events, batch, lo, hi, n, error, took)
                         break
-                    self._accepted(work.events, batch, lo, hi, sent, time.perf_counter() - began)
+                    self._batches.accepted(
+                        work.events, batch, lo, hi, sent, time.perf_counter() - began
+                    )
                     demoted += len(batch.messages)
                 delivered = hi
                 if delivered < end:  # a backlog: make each batch's progress durable
@@ -251,98 +228,6 @@ class Delivery:
                 hold.adopted = False  # _let_go adopts it another way
                 raise
         return committed, demoted, error
-
-    def _batch(self, hold: Hold, work: Work, lo: int, hi: int) -> Flow[Demotion]:
-        """The messages ``[lo, hi)`` as one batch, less what the hook already holds."""
-        cid = hold.conversation_id
-        records, base, messages = work.view.records, work.view.base, work.messages
-        out = []
-        for i in range(lo, hi):
-            rec = records[i - base]
-            key = make_key(cid, i, rec.fingerprint)
-            raw = messages[i]
-            out.append(DemotedMessage(rec.role, rec.text, i, key, raw, _data(rec, raw)))
-        if work.known and out:
-            # After a re-sync or a clear the watermark restarted: what the hook (or, for a
-            # hook that cannot tell, this process) already holds is not offered again.
-            if self._probe:
-                held = yield HasKeys(self.hook, cid, [m.key for m in out])
-                out = [m for m in out if m.key not in held]
-            else:
-                was = self._views.was_sent
-                out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]
-        fence = hold.lease.token if hold.lease is not None else None
-        return Demotion(cid, tuple(out), fence)
-
-    def _sent(self, work: Work, batch: Demotion) -> list[tuple[int, str]] | None:
-        """What to mark sent once the hook accepts ``batch`` (``None``: a key-aware hook)."""
-        if self._probe:  # a key-aware hook answers for itself after a re-sync
-            return None
-        records, base = work.view.records, work.view.base
-        return [(m.index, records[m.index - base].fingerprint) for m in batch.messages]
-
-    def _accepted(
-        self,
-        events: list[DemoteEvent],
-        batch: Demotion,
-        lo: int,
-        hi: int,
-        sent: list[tuple[int, str]] | None,
-        took: float,
-    ) -> None:
-        cid = batch.conversation_id
-        if sent is not None:
-            self._views.mark_sent(cid, sent)
-        with self._tally.lock:
-            self._tally.delivered += len(batch.messages)
-        events.append(
-            DemoteEvent(
-                "delivered",
-                cid,
-                lo,
-                hi,
-                len(batch.messages),
-                tuple(m.key for m in batch.messages),
-                duration=took,
-                fence=batch.fence,
-            )
-        )
-
-    def _failed(
-        self,
-        events: list[DemoteEvent],
-        batch: Demotion,
-        lo: int,
-        hi: int,
-        pending: int,
-        exc: Exception,
-        took: float,
-    ) -> None:
-        cid = batch.conversation_id
-        wait = self._retry.failed(cid)
-        self._tally.failed(cid, repr(exc))
-        logger.warning(
-            "demote: hook failed for conversation %r (%d messages pending, next attempt in "
-            "%.3g s): %r",
-            cid,
-            pending,
-            wait,
-            exc,
-        )
-        events.append(
-            DemoteEvent(
-                "delivery_failed",
-                cid,
-                lo,
-                hi,
-                len(batch.messages),
-                tuple(m.key for m in batch.messages),
-                duration=took,
-                error=repr(exc),
-                retry_in=wait,
-                fence=batch.fence,
-            )
-        )
 
     def commit(
         self, hold: Hold, stored: ConversationState | None, new: ConversationState, *, release: bool
@@ -510,7 +395,7 @@ class Delivery:
 
     def _late_failed(self, events: list[DemoteEvent], d: Detached, exc: Exception) -> None:
         took = time.perf_counter() - d.began
-        self._failed(events, d.batch, d.lo, d.hi, d.pending, exc, took)
+        self._batches.failed(events, d.batch, d.lo, d.hi, d.pending, exc, took)
 
     def _late_commit(self, hold: Hold, d: Detached, events: list[DemoteEvent]) -> Flow[None]:
         """The watermark past a batch accepted late, if it still stands where it began."""
@@ -522,7 +407,40 @@ class Delivery:
             late = replace(current, delivered=d.hi)
             if (yield from self.commit(hold, current, late, release=True)):
                 self._retry.succeeded(cid)
-                self._accepted(events, d.batch, d.lo, d.hi, d.sent, time.perf_counter() - d.began)
+                self._batches.accepted(
+                    events, d.batch, d.lo, d.hi, d.sent, time.perf_counter() - d.began
+                )
                 self._tally.note_pending(cid, max(0, late.window_start - late.delivered))
                 return
         yield from self.release(hold)
+
+    # -- waiting for the background flows ------------------------------------------------
+
+    def drain(self, timeout: float | None) -> bool:
+        """Wait for the background threads (of sync loads); ``True`` if none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.background_lock:
+                threads = [t for t in self.background if isinstance(t, threading.Thread)]
+            if not threads:
+                return True
+            for thread in threads:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                thread.join(left)
+                if thread.is_alive():
+                    return False
+
+    async def adrain(self, timeout: float | None) -> bool:
+        """Await the background tasks (of async loads), then the threads; ``True`` if idle."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.background_lock:
+                tasks = [t for t in self.background if isinstance(t, asyncio.Task)]
+            if not tasks:
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            if pending:
+                return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await asyncio.to_thread(self.drain, left)

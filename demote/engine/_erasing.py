@@ -1,12 +1,18 @@
-"""The Demoter's ``erase`` (see :mod:`demote.erase` for what it means and reports)."""
+"""The Demoter's ``clear``, ``forget`` and ``erase``: letting go of a conversation.
+
+``clear`` resets its demotion state (a tombstone one generation on), ``forget`` drops it,
+and ``erase`` removes it from every tier behind the hook as well (see :mod:`demote.erase`
+for what that means and reports).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from demote._validate import seconds
+from demote.engine._compaction import Compactor
 from demote.engine._delivery import Delivery
 from demote.engine._flow import Call, Flow, Sleep
 from demote.engine._views import ViewCache
@@ -23,15 +29,40 @@ _POLL_SECONDS = 0.05
 
 
 class Eraser:
-    """A Demoter's ``erase``: wait for (or take over) a delivery, erase every tier."""
+    """A Demoter's ``clear``, ``forget`` and ``erase`` (one per Demoter)."""
 
     def __init__(
-        self, delivery: Delivery, views: ViewCache, retry: RetryTracker, tally: Tally
+        self,
+        delivery: Delivery,
+        compactor: Compactor | None,
+        views: ViewCache,
+        retry: RetryTracker,
+        tally: Tally,
     ) -> None:
         self._delivery = delivery
+        self._compactor = compactor
+        # A store that never blocks is called in the gate's lock (see ``reset``).
+        self._direct = bool(getattr(delivery.state, "nonblocking", False))
         self._views = views
         self._retry = retry
         self._tally = tally
+
+    def reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
+        """``clear`` or ``delete`` the conversation's state; its gate and caches go too."""
+        cid = validate_conversation_id(conversation_id)
+        delivery = self._delivery
+        if how == "clear" and not callable(getattr(delivery.state, "clear", None)):
+            how = "delete"  # a store from before tombstones
+        with delivery.lock:
+            delivery.gates.pop(cid, None)
+            if self._compactor is not None:
+                self._compactor.forget(cid)
+            if self._direct:  # in the same step, so no commit of a taken gate lands after
+                getattr(delivery.state, how)(cid)
+        self._views.forget(cid)
+        self._retry.succeeded(cid)
+        if not self._direct:
+            yield from delivery.store_op(how, cid)
 
     def erase(
         self,

@@ -4,68 +4,53 @@ Theory of operation
 -------------------
 Adapters call :meth:`Demoter.load` (or :meth:`Demoter.aload`) on every read with the
 conversation's full history and a function that describes one message as a
-:class:`~demote.records.MessageRecord`. One load:
-
-1. reads the committed state (one store round trip);
-2. describes only the messages the planner needs (records are cached per conversation by
-   message identity, see :mod:`demote.engine._views`) and runs the pure planner. A history that
-   no longer matches the state is re-synced from a fresh state (one generation on); a
-   stale, shorter copy read by a slow request is served its own window and changes
-   nothing;
-3. if the plan moves the window, or messages are *pending* (they left the window but the
-   hook has not accepted them) and the conversation's retry backoff allows an attempt, it
-   takes the conversation's in-process gate and, on a shared store, its lease (never
-   waiting for either: a caller without them returns the planned window at once). The
-   lease comes with the committed state read in the same step (without a lease, the state
-   is read again once the gate is taken: its last holder may have committed since); if it
-   moved on, the load re-plans against it;
-4. hands the pending messages to the hook in batches of at most ``max_batch``, each with
-   the lease's fencing token, then commits the new window start and how far the hook got
-   with one compare-and-set that is valid only while the lease is held, and releases the
-   lease in the same step. A hook failure moves nothing back: the window start is
-   committed anyway (the window obeys the policy's bound whatever the hook does), the
-   watermark stays behind the undelivered messages, and the conversation backs off;
-5. returns the window: pinned system messages, the committed summary, the kept messages.
+:class:`~demote.records.MessageRecord`. A load reads the committed state and runs the pure
+planner; if the plan moves the window, or messages are *pending* (they left the window but
+the hook has not accepted them), it takes the conversation's gate and lease (never waiting
+for either), hands the pending messages to the hook in batches and commits with one fenced
+compare-and-set; it returns the window: pinned system messages, the committed summary, the
+kept messages. A hook failure moves nothing back: the window start is committed anyway,
+the watermark stays behind the undelivered messages, and the conversation backs off. The
+five steps, one by one, are told in :mod:`demote.engine._loading`.
 
 Every message is therefore, at all times, in the window, covered by the committed
 summary, delivered to the hook, or pending and retried. The inner store (the source of
 truth) is never touched.
 
-Every I/O in steps 1, 3 and 4 is an operation yielded by one generator (``_flow``) and
-performed by two short drivers, one blocking, one awaiting (:mod:`demote.engine._flow`), so the
-async path never blocks an event loop. A sync hook that must not block past
-``hook_timeout`` (or must not block an event loop) runs on the engine's own threads
-(:mod:`demote.engine._runner`); a call that outlives its wait keeps the conversation busy, gate
-and lease, until it ends, so the same messages are never handed to the hook twice at once.
-Leases are renewed by a keeper thread while a hook runs; ``clear`` revokes them and leaves
-a tombstone one generation on, so a delivery begun before it commits nothing after it.
+Every I/O of a load (the state read, the lease, the hook, the commit) is an operation
+yielded by one generator (``Loader.flow``) and performed by two short drivers, one
+blocking, one awaiting (:mod:`demote.engine._flow`), so the async path never blocks an
+event loop. A sync hook that must not block past ``hook_timeout`` (or must not block an
+event loop) runs on the engine's own threads (:mod:`demote.engine._runner`); a call that
+outlives its wait keeps the conversation busy, gate and lease, until it ends, so the same
+messages are never handed to the hook twice at once. Leases are renewed by a keeper thread
+while a hook runs; ``clear`` revokes them and leaves a tombstone one generation on, so a
+delivery begun before it commits nothing after it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote._validate import count, seconds
-from demote.backends.breaker import Throttle
 from demote.engine._compaction import Compactor
+from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
+from demote.engine._describing import describe_message
 from demote.engine._erasing import Eraser
 from demote.engine._flow import Flow, drive_async, drive_sync
+from demote.engine._loading import Loader
+from demote.engine._stats import stats_of_conversation, stats_of_demoter
 from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
-from demote.engine._work import FRESH, Tally, Work
+from demote.engine._work import FRESH, Tally
 from demote.engine.result import Window
 from demote.engine.retry import Backoff, RetryTracker
 from demote.erase import EraseReport
-from demote.errors import ArgumentTypeError, ConfigError, DemoteWarning, HookError
+from demote.errors import ConfigError, DemoteWarning
 from demote.events import (
     ConversationStats,
     DegradedSource,
@@ -75,14 +60,7 @@ from demote.events import (
     Observers,
 )
 from demote.hooks.simple import NoopHook, check_hook
-from demote.records import (
-    ROLES,
-    ConversationState,
-    MessageRecord,
-    Role,
-    fingerprint,
-    parts_digest,
-)
+from demote.records import ConversationState, MessageRecord
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
 from demote.summarize import check_summarizer
@@ -91,32 +69,7 @@ from demote.window.tokens import TokenCache
 
 __all__ = ["Demoter"]
 
-logger = logging.getLogger("demote")
-
-#: Seconds between two warnings about one failing part (state store, recall, capture).
-DEGRADED_WARNING_PERIOD = 60.0
-
-_DEGRADED_WHAT = {
-    "state": "state store failed; windows are planned from the history alone and nothing "
-    "is delivered or committed until it answers",
-    "recall": "recall failed; windows go without recalled messages",
-    "capture": "capture failed; user turns are not captured",
-}
-
 T = TypeVar("T")
-
-
-def _call_ids(opens: object) -> tuple[str, ...]:
-    """``opens`` as a tuple of tool-call ids, or :class:`ArgumentTypeError`."""
-    if isinstance(opens, str | bytes):
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}")
-    try:
-        ids: tuple[object, ...] = tuple(cast("Iterable[object]", opens))
-    except TypeError:
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}") from None
-    if not all(isinstance(c, str) for c in ids):
-        raise ArgumentTypeError(f"opens: expected a sequence of str, got {ids!r:.80}")
-    return cast("tuple[str, ...]", ids)
 
 
 class Demoter(Closing):
@@ -209,8 +162,6 @@ class Demoter(Closing):
         self.state: StateStore = store
         self.on_hook_error = on_hook_error
         self.on_store_error = on_store_error
-        self._warnings = Throttle(DEGRADED_WARNING_PERIOD)
-        self._degraded_since: float | None = None
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -223,8 +174,6 @@ class Demoter(Closing):
         self.summarizer = summarizer
         self.tokens = TokenCache(policy.counter)
         self._noop = type(self.hook) is NoopHook
-        self._direct = bool(getattr(store, "nonblocking", False))
-        self._leasing = callable(getattr(store, "acquire_lease", None))
         attach = getattr(store, "attach", None)
         if callable(attach):
             attach()
@@ -233,7 +182,8 @@ class Demoter(Closing):
         self._observers = Observers()
         self._tally = Tally()
         # Its parts, each with its own state: delivery (gates, leases, the store's
-        # breaker, hook threads, background flows), summaries, erase.
+        # breaker, hook threads, background flows), degraded mode, summaries, erase,
+        # planning, and the load that drives them.
         self._delivery = Delivery(
             store,
             self.hook,
@@ -247,12 +197,15 @@ class Demoter(Closing):
             observers=self._observers,
             tally=self._tally,
         )
+        self._degradation = Degradation(self._delivery.breaker, self._observers, self._tally)
         self._compactor = (
             None
             if summarizer is None
             else Compactor(summarizer, self._delivery, self._observers, self._tally)
         )
-        self._eraser = Eraser(self._delivery, self._views, self._retry, self._tally)
+        self._eraser = Eraser(
+            self._delivery, self._compactor, self._views, self._retry, self._tally
+        )
         self._windows = Windows(
             policy,
             self._views,
@@ -260,6 +213,18 @@ class Demoter(Closing):
             self._tally,
             noop=self._noop,
             summarizer=summarizer,
+        )
+        self._loader = Loader(
+            self._windows,
+            self._delivery,
+            self._degradation,
+            self._compactor,
+            self._views,
+            self._observers,
+            self._tally,
+            on_store_error=on_store_error,
+            on_hook_error=on_hook_error,
+            noop=self._noop,
         )
 
     # -- describing messages -------------------------------------------------------------
@@ -307,28 +272,9 @@ class Demoter(Closing):
                 callable.
             ConfigError: ``role`` is not one of the core's roles.
         """
-        if not isinstance(text, str):
-            raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
-        opens = _call_ids(opens) if opens else ()
-        if answers is not None and not isinstance(answers, str):
-            raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
-        if tool is not None and not isinstance(tool, str):
-            raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
-        if not isinstance(role, str) or role not in ROLES:
-            raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
-        if calls and (
-            not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
-        ):
-            raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
-        if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
-            raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
-        if to_data is not None and not callable(to_data):
-            raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
-        fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
-        tokens = self.tokens.count(
-            fp, text, calls=calls, blocks=blocks, answers=answers, message=message
+        return describe_message(
+            self.tokens, role, text, opens, answers, tool, calls, blocks, message, to_data
         )
-        return MessageRecord(cast("Role", role), text, fp, tokens, opens, answers, tool, to_data)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -353,7 +299,7 @@ class Demoter(Closing):
         Raises:
             ConfigError: ``reserved`` is not an int ``>= 0``.
         """
-        return drive_sync(self._flow(conversation_id, messages, describe, reserved))
+        return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved))
 
     async def aload(
         self,
@@ -364,168 +310,9 @@ class Demoter(Closing):
         reserved: int = 0,
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited."""
-        return await drive_async(self._flow(conversation_id, messages, describe, reserved))
-
-    def _flow(
-        self,
-        conversation_id: str,
-        messages: Sequence[T],
-        describe: Callable[[T], MessageRecord],
-        reserved: int = 0,
-    ) -> Flow[Window[T]]:
-        if type(conversation_id) is str and conversation_id in self._views:
-            cid = conversation_id  # a cached view's id was checked when it was made
-        else:
-            cid = validate_conversation_id(conversation_id)
-        if type(messages) is not list and (
-            not isinstance(messages, Sequence) or isinstance(messages, str | bytes)
-        ):
-            raise ArgumentTypeError(
-                f"messages: expected a sequence of messages (a list), got {type(messages).__name__}"
-            )
-        if not callable(describe):
-            raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
-        count("reserved", reserved, minimum=0)
-        tally = self._tally
-        with tally.lock:
-            tally.loads += 1
-        try:
-            stored = yield from self._delivery.guarded("get", cid)
-        except Exception as exc:  # down, slow or skipped: plan from the history alone
-            if self.on_store_error == "raise":
-                raise
-            window = self._degraded(
-                cid, self._windows.from_history(cid, messages, describe, reserved), exc
-            )
-            self._observers.publish(window.events)
-            return window
-        if self._degraded_since is not None:
-            self._recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved)
-        if isinstance(work, Window):
-            return work
-        window, done = yield from self._run(cid, describe, stored, work)
-        if done is not None and done.plan.compact is not None and self._compactor is not None:
-            yield from self._compactor.maybe_compact(cid, done)
-        if not window.degraded:
-            tally.note_pending(cid, window.pending)
-        if window.events:
-            self._observers.publish(window.events)
-        return window
-
-    def _run(
-        self,
-        cid: str,
-        describe: Callable[[T], MessageRecord],
-        stored: ConversationState | None,
-        work: Work,
-    ) -> Flow[tuple[Window[T], Work | None]]:
-        """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
-        delivery = self._delivery
-        if not (work.changed or delivery.deliverable(cid, work)):
-            return self._windows.window(cid, work), work
-        hold = delivery.take(cid)
-        if hold is None:  # another caller of this process is delivering
-            self._windows.unconfirmed(cid, work)
-            return self._windows.window(cid, work), work
-        failure: Exception | None = None
-        try:
-            try:
-                if self._leasing and getattr(self.state, "shared", True):
-                    yield from delivery.unstrand(cid)
-                    try:
-                        lease = yield from delivery.guarded(
-                            "acquire_lease", cid, hold.holder, self.lease_ttl
-                        )
-                    except Exception:  # granted, perhaps, and the reply lost
-                        delivery.stranded[cid] = hold.holder
-                        raise
-                    if lease is None:  # another worker is delivering
-                        self._windows.unconfirmed(cid, work)
-                        return self._windows.window(cid, work), work
-                    hold.lease = lease
-                    delivery.keeper.hold(lease)
-                    current = lease.state
-                else:  # the gate alone: its last holder may have committed since we read
-                    current = yield from delivery.guarded("get", cid)
-                if current != stored:  # it moved on since we read it: plan again
-                    replanned = self._windows.prepare(
-                        cid, work.messages, describe, current, work.reserved
-                    )
-                    if isinstance(replanned, Window):
-                        yield from delivery.release(hold)
-                        return replanned, None
-                    work = replanned
-                if cid in delivery.unsure:  # delivered before, but that commit failed
-                    work.known = True
-                committed, demoted, error = yield from delivery.settle(hold, work)
-            except Exception as exc:  # the store failed mid-way (hook errors are settled)
-                if self.on_store_error == "raise":
-                    raise
-                failure = exc
-                if any(e.kind == "delivered" for e in work.events):
-                    delivery.unsure.add(cid)  # the next delivery asks what the hook holds
-                if hold.lease is not None and not hold.released:
-                    delivery.stranded[cid] = hold.lease
-        finally:
-            delivery.let_go(hold)
-        if failure is not None:
-            self._windows.unconfirmed(cid, work)
-            return self._degraded(cid, self._windows.window(cid, work), failure), None
-        if committed is None:
-            self._windows.unconfirmed(cid, work)
-        if error is not None and self.on_hook_error == "raise":
-            if isinstance(error, HookError):
-                raise error
-            raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
-        if committed is not None:
-            delivery.unsure.discard(cid)
-            self._windows.committed(cid, work, committed)
-            if self._noop:  # it took what left the window at once
-                prev = work.stored or FRESH
-                before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
-                demoted = max(0, committed.delivered - before)
-        return self._windows.window(cid, work, committed, demoted), work
+        return await drive_async(self._loader.flow(conversation_id, messages, describe, reserved))
 
     # -- degraded loads -----------------------------------------------------------------------
-
-    def _degraded(self, cid: str, window: Window[T], error: Exception) -> Window[T]:
-        """``window`` marked degraded, with its event; warned about once a period."""
-        retry_in = self._delivery.breaker.retry_in()
-        event = DemoteEvent.degraded(
-            cid, "state", error, start=window.start, end=window.total, retry_in=retry_in
-        )
-        with self._tally.lock:
-            self._tally.degraded += 1
-        if self._degraded_since is None:
-            self._degraded_since = time.monotonic()
-        self._warn("state", cid, error, retry_in)
-        events = (*window.events, event)
-        return dataclasses.replace(window, degraded=True, events=events)
-
-    def _warn(self, source: str, cid: str, error: BaseException, retry_in: float) -> None:
-        held = self._warnings.ready(source)
-        if held is None:
-            return
-        probe = f", next probe in {retry_in:.2g} s" if source == "state" else ""
-        more = f"; {held} more since the last warning" if held else ""
-        logger.warning(
-            "demote: %s (conversation %r%s%s; warned at most every %g s): %r",
-            _DEGRADED_WHAT[source],
-            cid,
-            probe,
-            more,
-            self._warnings.period,
-            error,
-        )
-
-    def _recovered(self) -> None:
-        since, self._degraded_since = self._degraded_since, None
-        if since is not None and self._warnings.quiet("state"):
-            logger.warning(
-                "demote: state store answers again after %.1f s; demotion resumes",
-                time.monotonic() - since,
-            )
 
     def report_degraded(
         self, conversation_id: str, source: DegradedSource, error: BaseException
@@ -547,12 +334,7 @@ class Demoter(Closing):
         Raises:
             ConfigError: ``source`` is not one of those.
         """
-        if source not in ("state", "recall", "capture"):
-            raise ConfigError(f"source: must be 'state', 'recall' or 'capture', got {source!r:.40}")
-        event = DemoteEvent.degraded(conversation_id, source, error)
-        self._warn(source, conversation_id, error, 0.0)
-        self._observers.publish((event,))
-        return event
+        return self._degradation.report(conversation_id, source, error)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -563,19 +345,19 @@ class Demoter(Closing):
         lease, so a delivery still in flight for it, in any process, commits nothing.
         What the hook already holds stays there (see ``erase`` to remove it).
         """
-        drive_sync(self._reset(conversation_id, "clear"))
+        drive_sync(self._eraser.reset(conversation_id, "clear"))
 
     async def aclear(self, conversation_id: str) -> None:
         """Async :meth:`clear`."""
-        await drive_async(self._reset(conversation_id, "clear"))
+        await drive_async(self._eraser.reset(conversation_id, "clear"))
 
     def forget(self, conversation_id: str) -> None:
         """Drop everything tracked for the conversation: its state row, lease and caches."""
-        drive_sync(self._reset(conversation_id, "delete"))
+        drive_sync(self._eraser.reset(conversation_id, "delete"))
 
     async def aforget(self, conversation_id: str) -> None:
         """Async :meth:`forget`."""
-        await drive_async(self._reset(conversation_id, "delete"))
+        await drive_async(self._eraser.reset(conversation_id, "delete"))
 
     def erase(
         self,
@@ -623,22 +405,6 @@ class Demoter(Closing):
         flow = self._eraser.erase(conversation_id, messages, describe, wait, also, keys)
         return await drive_async(flow)
 
-    def _reset(self, conversation_id: str, how: Literal["clear", "delete"]) -> Flow[None]:
-        cid = validate_conversation_id(conversation_id)
-        if how == "clear" and not callable(getattr(self.state, "clear", None)):
-            how = "delete"  # a store from before tombstones
-        delivery = self._delivery
-        with delivery.lock:
-            delivery.gates.pop(cid, None)
-            if self._compactor is not None:
-                self._compactor.forget(cid)
-            if self._direct:  # in the same step, so no commit of a taken gate lands after
-                getattr(self.state, how)(cid)
-        self._views.forget(cid)
-        self._retry.succeeded(cid)
-        if not self._direct:
-            yield from delivery.store_op(how, cid)
-
     def seed(self, conversation_id: str, state: ConversationState) -> bool:
         """Replace the conversation's committed state with ``state``; ``True`` if stored.
 
@@ -664,32 +430,11 @@ class Demoter(Closing):
 
         Async loads run their background work as tasks: await :meth:`adrain` instead.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._delivery.background_lock:
-                threads = [t for t in self._delivery.background if isinstance(t, threading.Thread)]
-            if not threads:
-                return True
-            for thread in threads:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                thread.join(left)
-                if thread.is_alive():
-                    return False
+        return self._delivery.drain(timeout)
 
     async def adrain(self, timeout: float | None = None) -> bool:
         """Await background tasks started by async loads (and threads of sync loads)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._delivery.background_lock:
-                tasks = [t for t in self._delivery.background if isinstance(t, asyncio.Task)]
-            if not tasks:
-                break
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            _, pending = await asyncio.wait(tasks, timeout=left)
-            if pending:
-                return False
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return await asyncio.to_thread(self.drain, left)
+        return await self._delivery.adrain(timeout)
 
     def tracked_conversations(self) -> int:
         """How many conversations have demotion state."""
@@ -722,49 +467,19 @@ class Demoter(Closing):
 
     def stats(self) -> DemoterStats:
         """What this Demoter did since it was made (counts of this process)."""
-        tally = self._tally
-        conversations = self.state.count()
-        with tally.lock:
-            error, at = tally.last_error or (None, None)
-            return DemoterStats(
-                conversations=conversations,
-                loads=tally.loads,
-                delivered=tally.delivered,
-                pending=sum(tally.pending.values()),
-                failures=tally.failures,
-                last_error=error,
-                last_error_at=at,
-                summaries=tally.summaries,
-                resyncs=tally.resyncs,
-                degraded=tally.degraded,
-            )
+        return stats_of_demoter(self._tally, self.state.count())
 
     def conversation_stats(self, conversation_id: str) -> ConversationStats:
         """One conversation's watermarks, pending messages and delivery health."""
         cid = validate_conversation_id(conversation_id)
         state = self.state.get(cid) or FRESH
-        return self._conversation_stats(cid, state)
+        return stats_of_conversation(cid, state, self._tally, self._retry)
 
     async def aconversation_stats(self, conversation_id: str) -> ConversationStats:
         """Async :meth:`conversation_stats` (the store is awaited)."""
         cid = validate_conversation_id(conversation_id)
         state = (await drive_async(self._delivery.store_op("get", cid))) or FRESH
-        return self._conversation_stats(cid, state)
-
-    def _conversation_stats(self, cid: str, state: ConversationState) -> ConversationStats:
-        pending = max(0, state.window_start - max(state.delivered, state.pinned))
-        error, at = self._tally.errors.get(cid) or (None, None)
-        return ConversationStats(
-            conversation_id=cid,
-            window_start=state.window_start,
-            delivered=state.delivered,
-            pending=pending,
-            summarized=state.summarized,
-            failures=self._retry.failures(cid),
-            retry_in=self._retry.wait(cid),
-            last_error=error,
-            last_error_at=at,
-        )
+        return stats_of_conversation(cid, state, self._tally, self._retry)
 
     def close(self) -> None:
         """Stop the engine's threads (hook calls still running finish on their own)."""

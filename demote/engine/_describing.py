@@ -1,0 +1,67 @@
+"""Describing one message for the planner: its arguments checked, fingerprinted, counted.
+
+:func:`describe_message` is what :meth:`demote.Demoter.describe` does (adapters call it
+from ``to_core``): it checks what an adapter hands over, takes the fingerprint (role,
+text, tool calls, the call a result answers, the calls' arguments and the content blocks)
+and the tokens a provider bills for it, counted once per fingerprint by the Demoter's
+:class:`~demote.window.tokens.TokenCache`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from demote.errors import ArgumentTypeError, ConfigError
+from demote.records import ROLES, MessageRecord, Role, fingerprint, parts_digest
+from demote.window.tokens import TokenCache
+
+__all__ = ["describe_message"]
+
+
+def _call_ids(opens: object) -> tuple[str, ...]:
+    """``opens`` as a tuple of tool-call ids, or :class:`ArgumentTypeError`."""
+    if isinstance(opens, str | bytes):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}")
+    try:
+        ids: tuple[object, ...] = tuple(cast("Iterable[object]", opens))
+    except TypeError:
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {opens!r:.80}") from None
+    if not all(isinstance(c, str) for c in ids):
+        raise ArgumentTypeError(f"opens: expected a sequence of str, got {ids!r:.80}")
+    return cast("tuple[str, ...]", ids)
+
+
+def describe_message(
+    tokens: TokenCache,
+    role: Any,
+    text: str,
+    opens: Sequence[str],
+    answers: str | None,
+    tool: str | None,
+    calls: Sequence[Mapping[str, Any]],
+    blocks: Sequence[object],
+    message: object,
+    to_data: Callable[[Any], dict[str, Any]] | None,
+) -> MessageRecord:
+    """One message's record, as :meth:`demote.Demoter.describe` documents it."""
+    if not isinstance(text, str):
+        raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
+    opens = _call_ids(opens) if opens else ()
+    if answers is not None and not isinstance(answers, str):
+        raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
+    if tool is not None and not isinstance(tool, str):
+        raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
+    if calls and (
+        not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
+    ):
+        raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
+    if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
+        raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
+    if to_data is not None and not callable(to_data):
+        raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
+    fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
+    counted = tokens.count(fp, text, calls=calls, blocks=blocks, answers=answers, message=message)
+    return MessageRecord(cast("Role", role), text, fp, counted, opens, answers, tool, to_data)
