@@ -160,8 +160,8 @@ class Demoter(Closing):
             if not callable(getattr(store, method, None)):
                 raise ConfigError(f"state: {type(store).__name__} has no {method}() method")
         self.state: StateStore = store
-        self.on_hook_error = on_hook_error
-        self.on_store_error = on_store_error
+        self._on_hook_error: Literal["log", "raise"] = on_hook_error
+        self._on_store_error: Literal["degrade", "raise"] = on_store_error
         if summarizer is not None:
             check_summarizer(summarizer)
         elif isinstance(policy.eviction, Compact):
@@ -228,6 +228,16 @@ class Demoter(Closing):
         )
 
     # -- describing messages -------------------------------------------------------------
+
+    @property
+    def on_hook_error(self) -> Literal["log", "raise"]:
+        """What a failing hook does to a load (set at construction; read-only)."""
+        return self._on_hook_error
+
+    @property
+    def on_store_error(self) -> Literal["degrade", "raise"]:
+        """What a failing state store does to a load (set at construction; read-only)."""
+        return self._on_store_error
 
     def describe(
         self,

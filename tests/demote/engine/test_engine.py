@@ -247,6 +247,17 @@ def test_bad_engine_config_is_a_config_error() -> None:
         Demoter(LAST4, object())
 
 
+def test_error_modes_are_fixed_at_construction() -> None:
+    # The parts that act on them take them when they are built: a later assignment would
+    # silently do nothing, so it is refused.
+    d = Demoter(LAST4, on_hook_error="raise", on_store_error="raise")
+    assert (d.on_hook_error, d.on_store_error) == ("raise", "raise")
+    with pytest.raises(AttributeError):
+        d.on_hook_error = "log"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        d.on_store_error = "degrade"  # type: ignore[misc]
+
+
 # -- the in-flight gate -------------------------------------------------------------------
 
 
