@@ -8,9 +8,10 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+
+from tests.support.network import guarded_connect
 
 # Set before any test module imports mem0 or langchain (they read these at import time).
 os.environ["MEM0_TELEMETRY"] = "False"
@@ -35,26 +36,11 @@ try:
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pass
 
-_real_connect = socket.socket.connect
-
-
-def _is_local(address: Any) -> bool:
-    if isinstance(address, tuple) and address:
-        host = str(address[0])
-        return host in ("localhost", "::1") or host.startswith("127.")
-    return True  # unix sockets
-
-
-def _guarded_connect(self: socket.socket, address: Any) -> Any:
-    if not _is_local(address):
-        raise ConnectionRefusedError(f"test tried to reach the network: {address!r}")
-    return _real_connect(self, address)
-
 
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Any connection to a non-loopback address fails the calling code at once."""
-    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
     yield
 
 
