@@ -33,10 +33,9 @@ import dataclasses
 import os
 import sqlite3
 import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from demote._closing import Closing
 from demote._validate import file_path, seconds
@@ -45,25 +44,18 @@ from demote.archive import (
     _entities,
     _erasure,
     _fts,
-    _lexical,
     _options,
     _schema,
     _search,
+    _sqlite_writes,
     _vectors,
 )
 from demote.archive._search import Reranker
 from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
 from demote.backends.wal import truncate_wal
 from demote.errors import ArgumentTypeError, StoreError
-from demote.records import (
-    DemotedMessage,
-    Demotion,
-    Recalled,
-    searchable_text,
-    storable_text,
-)
+from demote.records import Demotion, Recalled, storable_text
 from demote.state.base import validate_conversation_id
-from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["ContextFn", "SQLiteArchive"]
@@ -87,19 +79,6 @@ _OWN_TABLES = (
     "entities",
     "entity_state",
 )
-
-
-class _Row(NamedTuple):
-    conversation_id: str
-    idx: int
-    role: str
-    text: str
-    context: str
-    key: str
-    scope: str
-    speaker: str
-    data: str | None
-    archived_at: float
 
 
 def _with_data(
@@ -358,29 +337,6 @@ class SQLiteArchive(Closing):
 
     # -- the hook -----------------------------------------------------------------------
 
-    def _row(self, conversation_id: str, scope: str, message: DemotedMessage) -> _Row:
-        context = self._context(message) if self._context is not None else None
-        speaker = ""
-        if isinstance(context, Mapping):
-            speaker = str(context.get("speaker") or "")
-            context = " ".join(str(v) for v in context.values() if v)
-        data = message.data
-        if data is not None and self._media == "reference":
-            data = data_by_reference(data)
-        text = storable_text(searchable_text(message.text, data))
-        return _Row(
-            conversation_id,
-            int(message.index),
-            str(message.role),
-            text,
-            storable_text(context or ""),
-            str(message.key),
-            scope,
-            storable_text(speaker),
-            _schema.stored_data(text, data),
-            time.time(),
-        )
-
     def deliver(self, batch: Demotion) -> None:
         """Store every message of ``batch`` in one transaction; known keys are skipped.
 
@@ -405,7 +361,10 @@ class SQLiteArchive(Closing):
         conversation_id = validate_conversation_id(batch.conversation_id)
         fence = _args.fence(batch.fence)
         scope = _search.scope(conversation_id)
-        rows = [self._row(conversation_id, scope, m) for m in batch.messages]
+        rows = [
+            _sqlite_writes.row(conversation_id, scope, m, self._context, self._media)
+            for m in batch.messages
+        ]
         if not rows:
             return
         vectors: dict[str, bytes] = {}
@@ -420,46 +379,9 @@ class SQLiteArchive(Closing):
                 packed = _vectors.pack(embedded)
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
                 dims = len(embedded[0])
+        model = (self._embedder.name if self._embedder is not None else "", dims)
         with self._transaction("store a demotion") as db:
-            _erasure.check_fence(db, conversation_id, fence)
-            insert = (
-                "INSERT OR IGNORE INTO messages (conversation_id, idx, role, text, context, "
-                "key, scope, speaker, data, archived_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            )
-            stored: list[_Row] = []
-            for r in rows:
-                cursor = db.execute(insert, r)
-                if cursor.rowcount > 0:
-                    stored.append(r)
-                    if r.key in vectors:
-                        db.execute(
-                            "INSERT INTO vectors (message, conversation_id, idx, vector) "
-                            "VALUES (?, ?, ?, ?)",
-                            (cursor.lastrowid, conversation_id, r.idx, vectors[r.key]),
-                        )
-            if vectors:
-                self._store_model(db, dims)
-            _lexical.add_terms(db, conversation_id, [(r.text, r.context) for r in stored])
-            db.executemany(
-                "INSERT OR IGNORE INTO speakers (conversation_id, speaker) VALUES (?, ?)",
-                {(conversation_id, r.speaker) for r in stored if r.speaker},
-            )
-            _schema.refresh_adjacent(
-                db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
-            )
-            if self._entities:
-                _entities.index(
-                    db,
-                    conversation_id,
-                    [(r.idx, r.text) for r in stored],
-                    _lexical.speakers(db, conversation_id),
-                )
-
-    def _store_model(self, db: sqlite3.Connection, dims: int) -> None:
-        """Refuse vectors of other dimensions than the stored ones; record the model."""
-        name = self._embedder.name if self._embedder is not None else ""
-        _vectors.check_model(db, name, dims, reembed=False)
-        _vectors.record_model(db, name, dims)
+            _sqlite_writes.store(db, conversation_id, rows, fence, vectors, model, self._entities)
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -478,23 +400,14 @@ class SQLiteArchive(Closing):
         done = 0
         while True:
             with self._locked("read messages to embed") as db:
-                rows = db.execute(
-                    "SELECT m.id, m.conversation_id, m.idx, m.text, m.speaker FROM messages AS m "
-                    "WHERE NOT EXISTS (SELECT 1 FROM vectors AS v WHERE v.message = m.id) "
-                    "ORDER BY m.id LIMIT ?",
-                    (batch_size,),
-                ).fetchall()
+                rows = _sqlite_writes.unembedded(db, batch_size)
             if not rows:
                 return done
             embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
             with self._transaction("store vectors") as db:
-                db.executemany(
-                    "INSERT OR IGNORE INTO vectors (message, conversation_id, idx, vector) "
-                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",
-                    [(r[0], r[1], r[2], blob, r[0]) for r, blob in zip(rows, packed, strict=True)],
-                )
-                self._store_model(db, len(embedded[0]))
+                _sqlite_writes.store_vectors(db, rows, packed)
+                _sqlite_writes.store_model(db, embedder.name, len(embedded[0]))
             done += len(rows)
 
     # -- recall -------------------------------------------------------------------------
