@@ -29,7 +29,6 @@ worker's late batch is refused.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sqlite3
 import threading
@@ -47,6 +46,7 @@ from demote.archive import (
     _options,
     _schema,
     _search,
+    _sqlite_reads,
     _sqlite_writes,
     _vectors,
 )
@@ -79,30 +79,6 @@ _OWN_TABLES = (
     "entities",
     "entity_state",
 )
-
-
-def _with_data(
-    db: sqlite3.Connection, conversation_id: str, found: list[Recalled]
-) -> list[Recalled]:
-    """``found`` with each message's whole form and archive time read from its row."""
-    if not found:
-        return found
-    keys = list({r.key for r in found})
-    rows: dict[str, tuple[str | None, float | None]] = {}
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        for key, data, at in db.execute(
-            f"SELECT key, data, archived_at FROM messages WHERE conversation_id = ? "
-            f"AND key IN ({marks})",
-            (conversation_id, *chunk),
-        ):
-            rows[key] = (data, at)
-    out = []
-    for r in found:
-        data, at = rows.get(r.key, (None, None))
-        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
-    return out
 
 
 class SQLiteArchive(Closing):
@@ -470,15 +446,7 @@ class SQLiteArchive(Closing):
 
     def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
         with self._locked("search the archive") as db:
-            db.execute("BEGIN")  # one snapshot; the scratch table is written in it
-            try:
-                found = self._searcher.lookup(db, request, vector)
-                found = _with_data(db, request.conversation_id, found)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        return found
+            return _sqlite_reads.lookup(db, self._searcher, request, vector)
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -490,27 +458,14 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         with self._locked("read the archive") as db:
-            rows = db.execute(
-                "SELECT idx, role, text, key, data, archived_at FROM messages "
-                "WHERE conversation_id = ? ORDER BY idx, id",
-                (conversation_id,),
-            ).fetchall()
-        return [
-            Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
-            for idx, role, text, key, data, at in rows
-        ]
+            return _sqlite_reads.messages(db, conversation_id)
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""
         with self._locked("count archived messages") as db:
-            if conversation_id is None:
-                row = db.execute("SELECT count(*) FROM messages").fetchone()
-            else:
-                row = db.execute(
-                    "SELECT count(*) FROM messages WHERE conversation_id = ?",
-                    (validate_conversation_id(conversation_id),),
-                ).fetchone()
-        return int(row[0])
+            if conversation_id is not None:
+                conversation_id = validate_conversation_id(conversation_id)
+            return _sqlite_reads.count(db, conversation_id)
 
     def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are stored for ``conversation_id``.
@@ -519,27 +474,13 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         wanted = _args.keys(keys)
-        found: set[str] = set()
         with self._locked("look up archived keys") as db:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                found.update(
-                    key
-                    for (key,) in db.execute(
-                        f"SELECT key FROM messages WHERE conversation_id = ? AND key IN ({marks})",
-                        (conversation_id, *chunk),
-                    )
-                )
-        return found
+            return _sqlite_reads.has_keys(db, conversation_id, wanted)
 
     def conversations(self) -> list[str]:
         """The ids of every conversation with stored messages, sorted."""
         with self._locked("list archived conversations") as db:
-            rows = db.execute(
-                "SELECT DISTINCT conversation_id FROM messages ORDER BY conversation_id"
-            ).fetchall()
-        return [conversation_id for (conversation_id,) in rows]
+            return _sqlite_reads.conversations(db)
 
     def erase(
         self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
@@ -618,14 +559,8 @@ class SQLiteArchive(Closing):
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
         with self._locked("fetch an archived message") as db:
-            cursor = db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? AND key = ? "
-                "ORDER BY id DESC LIMIT 1",
-                (conversation_id, storable_text(key)),
-            )
-            row = cursor.fetchone()
-            names = [column[0] for column in cursor.description]
-        return None if row is None else recalled_from_columns(dict(zip(names, row, strict=True)))
+            columns = _sqlite_reads.row_by_key(db, conversation_id, storable_text(key))
+        return None if columns is None else recalled_from_columns(columns)
 
     async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
         """:meth:`fetch` for async callers (the SQLite work runs in a worker thread)."""
