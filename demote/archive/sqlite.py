@@ -40,18 +40,16 @@ from demote._closing import Closing
 from demote._validate import file_path, seconds
 from demote.archive import (
     _args,
-    _entities,
     _erasure,
-    _fts,
     _options,
-    _schema,
     _search,
+    _sqlite_open,
     _sqlite_reads,
     _sqlite_writes,
     _vectors,
 )
 from demote.archive._search import Reranker
-from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
+from demote.backends.sqlite_kind import connect
 from demote.backends.wal import truncate_wal
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import Demotion, Recalled, storable_text
@@ -64,21 +62,6 @@ __all__ = ["ContextFn", "SQLiteArchive"]
 #: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
 #: that is embedded), or ``None`` for none.
 ContextFn = _options.ContextFn
-
-
-#: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
-#: belongs to another program and is refused.
-_OWN_TABLES = (
-    "messages",
-    "conversations",
-    "terms",
-    "speakers",
-    "vectors",
-    "settings",
-    "erased",
-    "entities",
-    "entity_state",
-)
 
 
 class SQLiteArchive(Closing):
@@ -246,44 +229,24 @@ class SQLiteArchive(Closing):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
         try:
-            self._setup(target, timeout, on_model_change == "reembed", dims)
+            cleared = _sqlite_open.prepare(
+                self._db,
+                target,
+                timeout,
+                read_only=read_only,
+                entities=entities,
+                embedder=self._embedder,
+                dims=dims,
+                reembed=on_model_change == "reembed",
+            )
+            if cleared:
+                self.embed_pending()
         except sqlite3.Error as exc:
             self._db.close()
             raise StoreError(f"cannot use archive {target!r}: {exc}") from exc
         except BaseException:
             self._db.close()
             raise
-
-    def _setup(self, path: str, timeout: float, reembed: bool, dims: int | None) -> None:
-        db = self._db
-        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
-        if self._read_only:
-            _schema.check_current(db, path, mine)
-            _fts.create_scratch(db)  # in the temp schema, which a read-only file still has
-            return
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
-        _fts.create_scratch(db)
-        embedder = self._embedder
-        db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
-        try:
-            if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
-                claim_kind(db, ARCHIVE)
-            _schema.create_or_migrate(db)
-            if self._entities and _entities.create(db):
-                _entities.rebuild(db)  # a file archived without the index gains it now
-            cleared = False
-            if embedder is not None:
-                cleared = _vectors.check_model(db, embedder.name, dims, reembed)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        if cleared:
-            self.embed_pending()
 
     # -- plumbing -----------------------------------------------------------------------
 
