@@ -46,14 +46,13 @@ are only ever bound parameters, and every statement is scoped to one conversatio
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote.archive import _args, _options, _pg_flows, _pg_schema, _pg_search, _schema, _vectors
-from demote.archive._pg_flows import Flow, Row, aexecute, execute
+from demote.archive._pg_flows import Flow, Row
+from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
 from demote.archive._pg_text import index_words
 from demote.archive._search import Reranker
@@ -75,45 +74,6 @@ from demote.window.tokens import Counter
 __all__ = ["PostgresArchive"]
 
 T = TypeVar("T")
-_LABEL = "postgres archive"
-
-
-@dataclass(frozen=True, slots=True)
-class _Db:
-    """An operation (:mod:`demote.engine._flow`): a database flow on a pooled connection."""
-
-    pools: Pools
-    flow: Flow[Any]
-    write: bool = False
-
-    def run_sync(self) -> Any:
-        return self.pools.run(lambda conn: execute(conn, self.flow, self.write), _LABEL)
-
-    async def run_async(self) -> Any:
-        return await self.pools.arun(lambda conn: aexecute(conn, self.flow, self.write), _LABEL)
-
-
-@dataclass(frozen=True, slots=True)
-class _Embed:
-    """An operation: the model embeds documents (in a thread when async), or a query."""
-
-    model: Embedder
-    documents: list[str] | None = None
-    query: str = ""
-
-    def run_sync(self) -> Any:
-        if self.documents is not None:
-            return self.model.embed_documents(self.documents)
-        return self.model.embed_query(self.query)
-
-    async def run_async(self) -> Any:
-        if self.documents is not None:
-            return await asyncio.to_thread(self.model.embed_documents, self.documents)
-        return await self.model.aembed_query(self.query)
-
-
-#: An operation's steps, run by :func:`demote.engine._flow.drive_sync` or ``drive_async``.
-_Steps = Generator[_Db | _Embed, Any, T]
 
 
 def _text(value: str) -> str:
@@ -320,8 +280,8 @@ class PostgresArchive(Closing):
 
     # -- drivers ------------------------------------------------------------------------
 
-    def _db(self, flow: Flow[T], write: bool = False) -> _Db:
-        return _Db(self._pools, flow, write)
+    def _db(self, flow: Flow[T], write: bool = False) -> Db:
+        return Db(self._pools, flow, write)
 
     def _model(self) -> Embedder:
         assert self._embedder is not None
@@ -352,7 +312,7 @@ class PostgresArchive(Closing):
             None if stored is None else stored.replace("\x00", "\ufffd"),
         )
 
-    def _deliver(self, batch: Demotion) -> _Steps[int]:
+    def _deliver(self, batch: Demotion) -> Steps[int]:
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
@@ -367,7 +327,7 @@ class PostgresArchive(Closing):
             new = list({r.key: r for r in rows if r.key not in known}.values())
             if new:
                 texts = [_options.embedded(r.speaker, r.text) for r in new]
-                embedded = yield _Embed(self._model(), documents=texts)
+                embedded = yield Embed(self._model(), documents=texts)
                 vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
         model = self._embedder.name if self._embedder is not None else ""
         flow = _pg_flows.deliver(self._st, cid, rows, fence, vectors, model)
@@ -395,7 +355,7 @@ class PostgresArchive(Closing):
         """:meth:`deliver` on the async pool (the model's batch call in a thread)."""
         await drive_async(self._deliver(batch))
 
-    def _embed_pending(self, batch_size: int) -> _Steps[int]:
+    def _embed_pending(self, batch_size: int) -> Steps[int]:
         self._writable("embed messages")
         if self._embedder is None:
             return 0
@@ -405,7 +365,7 @@ class PostgresArchive(Closing):
             if not rows:
                 return done
             texts = [_options.embedded(speaker, text) for _, text, speaker in rows]
-            embedded = yield _Embed(self._embedder, documents=texts)
+            embedded = yield Embed(self._embedder, documents=texts)
             pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
             flow = _pg_flows.store_vectors(self._st, pairs, self._embedder.name)
             yield self._db(flow, write=True)
@@ -431,13 +391,13 @@ class PostgresArchive(Closing):
 
     def _search(
         self, conversation_id: str, query: str, k: int, budget_tokens: int | None
-    ) -> _Steps[list[Recalled]]:
+    ) -> Steps[list[Recalled]]:
         cid = storable_id(conversation_id)
         dense = self._embedder is not None
         request = self._searcher.request(cid, query, k, budget_tokens, dense)
         if request is None:
             return []
-        vector = (yield _Embed(self._model(), query=request.query)) if dense else None
+        vector = (yield Embed(self._model(), query=request.query)) if dense else None
         flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
         found: list[Recalled] = yield self._db(_pg_flows.with_data(self._st, cid, flow))
         return found
@@ -468,7 +428,7 @@ class PostgresArchive(Closing):
 
     # -- reading and erasing ------------------------------------------------------------
 
-    def _read(self, flow: Flow[T]) -> _Steps[T]:
+    def _read(self, flow: Flow[T]) -> Steps[T]:
         result: T = yield self._db(flow)
         return result
 
@@ -515,7 +475,7 @@ class PostgresArchive(Closing):
         """:meth:`conversations` on the async pool."""
         return await drive_async(self._read(_pg_flows.conversations(self._st)))
 
-    def _erase(self, conversation_id: str, fence: int | None) -> _Steps[int]:
+    def _erase(self, conversation_id: str, fence: int | None) -> Steps[int]:
         self._writable("erase a conversation")
         flow = _pg_flows.erase(self._st, storable_id(conversation_id), _args.fence(fence))
         removed: int = yield self._db(flow, write=True)
@@ -569,7 +529,7 @@ class PostgresArchive(Closing):
 
     # -- fetching one message by key (the recall tool) ----------------------------------
 
-    def _fetch(self, conversation_id: str, key: str) -> _Steps[Recalled | None]:
+    def _fetch(self, conversation_id: str, key: str) -> Steps[Recalled | None]:
         from demote.archive._pg_flows import Stmt
         from demote.archive._search import scope
         from demote.archive.render import recalled_from_columns
