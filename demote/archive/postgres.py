@@ -50,35 +50,25 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
-from demote.archive import _args, _options, _pg_flows, _pg_schema, _pg_search, _schema, _vectors
-from demote.archive._pg_flows import Flow, Row
+from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _vectors
+from demote.archive._pg_flows import Flow
 from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
-from demote.archive._pg_text import index_words
 from demote.archive._search import Reranker
 from demote.archive.embeddings import Embedder
 from demote.backends.postgres import Pools, table_name
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import (
-    DemotedMessage,
     Demotion,
     Recalled,
-    searchable_text,
-    storable_text,
 )
 from demote.state._codec import storable_id
-from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["PostgresArchive"]
 
 T = TypeVar("T")
-
-
-def _text(value: str) -> str:
-    """``value`` storable as PostgreSQL text: lone surrogates and NUL become U+FFFD."""
-    return storable_text(value).replace("\x00", "\ufffd")
 
 
 class PostgresArchive(Closing):
@@ -293,32 +283,13 @@ class PostgresArchive(Closing):
 
     # -- the hook -----------------------------------------------------------------------
 
-    def _row(self, message: DemotedMessage) -> Row:
-        context, speaker = _options.describe(self._context, message)
-        data = message.data
-        if data is not None and self._media == "reference":
-            data = data_by_reference(data)
-        text, context = _text(searchable_text(message.text, data)), _text(context)
-        stored = _schema.stored_data(text, data)
-        return Row(
-            int(message.index),
-            _text(str(message.role)),
-            text,
-            context,
-            _text(speaker),
-            _text(str(message.key)),
-            index_words(text),
-            index_words(context),
-            None if stored is None else stored.replace("\x00", "\ufffd"),
-        )
-
     def _deliver(self, batch: Demotion) -> Steps[int]:
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
         cid = storable_id(batch.conversation_id)
         fence = _args.fence(batch.fence)
-        rows = [self._row(m) for m in batch.messages]
+        rows = [_pg_rows.row(m, self._context, self._media) for m in batch.messages]
         if not rows:
             return 0
         vectors: dict[str, list[float]] = {}
@@ -546,7 +517,7 @@ class PostgresArchive(Closing):
         )
 
         def flow() -> Flow[list[Any]]:
-            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _text(key)})
+            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _pg_rows.text(key)})
             return [row[0] for row in rows]
 
         found: list[Any] = yield self._db(flow())
