@@ -50,7 +50,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
-from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _vectors
+from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _pg_writes
 from demote.archive._pg_flows import Flow
 from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
@@ -59,10 +59,7 @@ from demote.archive.embeddings import Embedder
 from demote.backends.postgres import Pools, table_name
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
-from demote.records import (
-    Demotion,
-    Recalled,
-)
+from demote.records import Demotion, Recalled
 from demote.state._codec import storable_id
 from demote.window.tokens import Counter
 
@@ -231,7 +228,9 @@ class PostgresArchive(Closing):
             layout = _pg_schema.migrate(conn, table, vectors, read_only)
             self._st = Statements(layout)
             if self._embedder is not None:
-                cleared.append(self._check_model(conn, dims, on_model_change == "reembed"))
+                reembed = on_model_change == "reembed" and not read_only
+                check = _pg_flows.check_model(self._st, self._embedder.name, dims, reembed)
+                cleared.append(_pg_flows.execute(conn, check, write=True))
 
         self._pools = Pools(
             dsn,
@@ -250,23 +249,6 @@ class PostgresArchive(Closing):
         )
         if any(cleared):
             self.embed_pending()
-
-    def _check_model(self, conn: Any, dims: int | None, reembed: bool) -> bool:
-        """Compare the model with the stored vectors' (at open); clear them to re-embed."""
-        assert self._embedder is not None
-        settings = dict(conn.execute(self._st.settings).fetchall())
-        stored_dims = settings.get("embedding_dims")
-        changed = _vectors.compare_model(
-            settings.get("embedding_model"),
-            None if stored_dims is None else int(stored_dims),
-            self._embedder.name,
-            dims,
-            reembed and not self.read_only,
-        )
-        if changed:
-            with conn.transaction():
-                conn.execute(self._st.clear_vectors)
-        return changed
 
     # -- drivers ------------------------------------------------------------------------
 
@@ -287,23 +269,11 @@ class PostgresArchive(Closing):
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
-        cid = storable_id(batch.conversation_id)
-        fence = _args.fence(batch.fence)
-        rows = [_pg_rows.row(m, self._context, self._media) for m in batch.messages]
-        if not rows:
-            return 0
-        vectors: dict[str, list[float]] = {}
-        if self._embedder is not None:
-            known = yield self._db(_pg_flows.has_keys(self._st, cid, [r.key for r in rows]))
-            new = list({r.key: r for r in rows if r.key not in known}.values())
-            if new:
-                texts = [_options.embedded(r.speaker, r.text) for r in new]
-                embedded = yield Embed(self._model(), documents=texts)
-                vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
-        model = self._embedder.name if self._embedder is not None else ""
-        flow = _pg_flows.deliver(self._st, cid, rows, fence, vectors, model)
-        stored: int = yield self._db(flow, write=True)
-        return stored
+        return (
+            yield from _pg_writes.deliver(
+                self._pools, self._st, batch, self._context, self._media, self._embedder
+            )
+        )
 
     def deliver(self, batch: Demotion) -> None:
         """Store every message of ``batch`` in one transaction; known keys are skipped.
@@ -330,17 +300,9 @@ class PostgresArchive(Closing):
         self._writable("embed messages")
         if self._embedder is None:
             return 0
-        done = 0
-        while True:
-            rows = yield self._db(_pg_flows.unembedded(self._st, batch_size))
-            if not rows:
-                return done
-            texts = [_options.embedded(speaker, text) for _, text, speaker in rows]
-            embedded = yield Embed(self._embedder, documents=texts)
-            pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
-            flow = _pg_flows.store_vectors(self._st, pairs, self._embedder.name)
-            yield self._db(flow, write=True)
-            done += len(rows)
+        return (
+            yield from _pg_writes.embed_pending(self._pools, self._st, self._embedder, batch_size)
+        )
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -501,27 +463,13 @@ class PostgresArchive(Closing):
     # -- fetching one message by key (the recall tool) ----------------------------------
 
     def _fetch(self, conversation_id: str, key: str) -> Steps[Recalled | None]:
-        from demote.archive._pg_flows import Stmt
-        from demote.archive._search import scope
         from demote.archive.render import recalled_from_columns
 
         cid = storable_id(conversation_id)
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
-        # The row as JSON: the columns this version of the table has, by name (a newer
-        # schema's whole-message column included), without the index's own columns.
-        sql = (
-            f"SELECT to_jsonb(m) - 'tsv' - 'context' FROM {self.table} m "
-            "WHERE m.scope = %(scope)s AND m.conversation_id = %(cid)s AND m.key = %(key)s "
-            "ORDER BY m.id DESC LIMIT 1"
-        )
-
-        def flow() -> Flow[list[Any]]:
-            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _pg_rows.text(key)})
-            return [row[0] for row in rows]
-
-        found: list[Any] = yield self._db(flow())
-        return recalled_from_columns(found[0]) if found else None
+        found = yield self._db(_pg_flows.fetch(self._st, cid, _pg_rows.text(key)))
+        return None if found is None else recalled_from_columns(found)
 
     def fetch(self, conversation_id: str, key: str) -> Recalled | None:
         """The stored message of ``conversation_id`` under ``key``, or ``None``.
