@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from demote._closing import Closing
@@ -43,6 +41,7 @@ from demote.archive import (
     _erasure,
     _options,
     _search,
+    _sqlite_guard,
     _sqlite_open,
     _sqlite_reads,
     _sqlite_writes,
@@ -219,15 +218,13 @@ class SQLiteArchive(Closing):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
         self._entities = entities
         self._context, self._embedder, dims = _options.model_parts(context, embeddings)
-        self._lock = threading.RLock()
-        self._closed = False
         if not isinstance(read_only, bool):
             raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
-        self._read_only = read_only
         try:
             self._db = connect(target, timeout, read_only=read_only)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
+        self._guard = _sqlite_guard.Guarded(self._db, read_only)
         try:
             cleared = _sqlite_open.prepare(
                 self._db,
@@ -247,32 +244,6 @@ class SQLiteArchive(Closing):
         except BaseException:
             self._db.close()
             raise
-
-    # -- plumbing -----------------------------------------------------------------------
-
-    @contextmanager
-    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and translate backend errors into :class:`StoreError`."""
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"cannot {what}: the archive is closed")
-            try:
-                yield self._db
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot {what}: {exc}") from exc
-
-    @contextmanager
-    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
-        if self._read_only:
-            raise StoreError(f"cannot {what}: the archive is open read-only")
-        with self._locked(what) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
 
     # -- the hook -----------------------------------------------------------------------
 
@@ -319,7 +290,7 @@ class SQLiteArchive(Closing):
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
                 dims = len(embedded[0])
         model = (self._embedder.name if self._embedder is not None else "", dims)
-        with self._transaction("store a demotion") as db:
+        with self._guard.transaction("store a demotion") as db:
             _sqlite_writes.store(db, conversation_id, rows, fence, vectors, model, self._entities)
 
     def embed_pending(self, batch_size: int = 256) -> int:
@@ -338,13 +309,13 @@ class SQLiteArchive(Closing):
             return 0
         done = 0
         while True:
-            with self._locked("read messages to embed") as db:
+            with self._guard.locked("read messages to embed") as db:
                 rows = _sqlite_writes.unembedded(db, batch_size)
             if not rows:
                 return done
             embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
-            with self._transaction("store vectors") as db:
+            with self._guard.transaction("store vectors") as db:
                 _sqlite_writes.store_vectors(db, rows, packed)
                 _sqlite_writes.store_model(db, embedder.name, len(embedded[0]))
             done += len(rows)
@@ -408,7 +379,7 @@ class SQLiteArchive(Closing):
         return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
 
     def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
-        with self._locked("search the archive") as db:
+        with self._guard.locked("search the archive") as db:
             return _sqlite_reads.lookup(db, self._searcher, request, vector)
 
     # -- reading and housekeeping -------------------------------------------------------
@@ -420,12 +391,12 @@ class SQLiteArchive(Closing):
         messages were) and when it was archived (``at``).
         """
         conversation_id = validate_conversation_id(conversation_id)
-        with self._locked("read the archive") as db:
+        with self._guard.locked("read the archive") as db:
             return _sqlite_reads.messages(db, conversation_id)
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""
-        with self._locked("count archived messages") as db:
+        with self._guard.locked("count archived messages") as db:
             if conversation_id is not None:
                 conversation_id = validate_conversation_id(conversation_id)
             return _sqlite_reads.count(db, conversation_id)
@@ -437,12 +408,12 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         wanted = _args.keys(keys)
-        with self._locked("look up archived keys") as db:
+        with self._guard.locked("look up archived keys") as db:
             return _sqlite_reads.has_keys(db, conversation_id, wanted)
 
     def conversations(self) -> list[str]:
         """The ids of every conversation with stored messages, sorted."""
-        with self._locked("list archived conversations") as db:
+        with self._guard.locked("list archived conversations") as db:
             return _sqlite_reads.conversations(db)
 
     def erase(
@@ -473,10 +444,10 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         fence = _args.fence(fence)
-        with self._transaction("erase a conversation") as db:
+        with self._guard.transaction("erase a conversation") as db:
             removed = _erasure.erase_rows(db, conversation_id, fence)
         self._searcher.vectors.forget(conversation_id)
-        with self._locked("truncate the WAL after an erase") as db:
+        with self._guard.locked("truncate the WAL after an erase") as db:
             truncate_wal(db)
         return removed
 
@@ -495,10 +466,7 @@ class SQLiteArchive(Closing):
 
     def close(self) -> None:
         """Close the connection; further calls raise :class:`StoreError`. Idempotent."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._db.close()
+        self._guard.close()
 
     # -- fetching one message by key (the recall tool) ----------------------------------
 
@@ -521,7 +489,7 @@ class SQLiteArchive(Closing):
         conversation_id = validate_conversation_id(conversation_id)
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
-        with self._locked("fetch an archived message") as db:
+        with self._guard.locked("fetch an archived message") as db:
             columns = _sqlite_reads.row_by_key(db, conversation_id, storable_text(key))
         return None if columns is None else recalled_from_columns(columns)
 
