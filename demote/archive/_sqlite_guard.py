@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from demote.backends.sqlite_tx import immediate
 from demote.errors import StoreError
 
 __all__ = ["Guarded"]
@@ -45,14 +46,8 @@ class Guarded:
         """:meth:`locked`, in a write transaction (refused when read-only)."""
         if self.read_only:
             raise StoreError(f"cannot {what}: the archive is open read-only")
-        with self.locked(what) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        with self.locked(what) as db, immediate(db):
+            yield db
 
     def close(self) -> None:
         """Close the connection; further uses raise :class:`StoreError`. Idempotent."""
