@@ -27,10 +27,12 @@ __all__ = [
     "Row",
     "Stmt",
     "aexecute",
+    "check_model",
     "count",
     "deliver",
     "erase",
     "execute",
+    "fetch",
     "has_keys",
     "lock_key",
     "messages",
@@ -230,6 +232,35 @@ def conversations(st: Statements) -> Flow[list[str]]:
     """The ids of every conversation with stored messages, sorted by code point."""
     rows = yield Stmt(st.conversations)
     return [cid for (cid,) in rows]
+
+
+def check_model(st: Statements, name: str, dims: int | None, reembed: bool) -> Flow[bool]:
+    """Compare the archive's model with the stored vectors' (at open); ``True``: cleared.
+
+    Raises:
+        EmbeddingModelChanged: The table holds another model's vectors and ``reembed``
+            is off.
+    """
+    settings = {str(name): value for name, value in (yield Stmt(st.settings))}
+    stored_dims = settings.get("embedding_dims")
+    changed = _vectors.compare_model(
+        settings.get("embedding_model"),
+        None if stored_dims is None else int(stored_dims),
+        name,
+        dims,
+        reembed,
+    )
+    if changed:
+        yield Stmt(st.clear_vectors)
+    return changed
+
+
+def fetch(st: Statements, conversation_id: str, key: str) -> Flow[dict[str, Any] | None]:
+    """The columns of the message of ``conversation_id`` under ``key`` (``None``: none)."""
+    rows = yield Stmt(
+        st.fetch, {"scope": scope(conversation_id), "cid": conversation_id, "key": key}
+    )
+    return dict(rows[0][0]) if rows else None
 
 
 def unembedded(st: Statements, n: int) -> Flow[Rows]:

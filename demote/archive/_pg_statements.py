@@ -124,6 +124,13 @@ class Statements:
             f"(SELECT 1 FROM {t}_vectors v WHERE v.message = m.id) ORDER BY m.id LIMIT %(n)s"
         )
         self.settings = f"SELECT name, value FROM {t}_settings"
+        # One row as JSON: the columns this version of the table has, by name (a newer
+        # schema's whole-message column included), without the index's own columns.
+        self.fetch = (
+            f"SELECT to_jsonb(m) - 'tsv' - 'context' FROM {t} m "
+            "WHERE m.scope = %(scope)s AND m.conversation_id = %(cid)s AND m.key = %(key)s "
+            "ORDER BY m.id DESC LIMIT 1"
+        )
         self.record_model = (
             f"INSERT INTO {t}_settings (name, value) VALUES ('embedding_model', %(name)s), "
             "('embedding_dims', %(dims)s) ON CONFLICT DO NOTHING"

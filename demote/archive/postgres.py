@@ -46,79 +46,26 @@ are only ever bound parameters, and every statement is scoped to one conversatio
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
-from demote.archive import _args, _options, _pg_flows, _pg_schema, _pg_search, _schema, _vectors
-from demote.archive._pg_flows import Flow, Row, aexecute, execute
+from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _pg_writes
+from demote.archive._pg_flows import Flow
+from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
-from demote.archive._pg_text import index_words
 from demote.archive._search import Reranker
 from demote.archive.embeddings import Embedder
 from demote.backends.postgres import Pools, table_name
 from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
-from demote.records import (
-    DemotedMessage,
-    Demotion,
-    Recalled,
-    searchable_text,
-    storable_text,
-)
+from demote.records import Demotion, Recalled
 from demote.state._codec import storable_id
-from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["PostgresArchive"]
 
 T = TypeVar("T")
-_LABEL = "postgres archive"
-
-
-@dataclass(frozen=True, slots=True)
-class _Db:
-    """An operation (:mod:`demote.engine._flow`): a database flow on a pooled connection."""
-
-    pools: Pools
-    flow: Flow[Any]
-    write: bool = False
-
-    def run_sync(self) -> Any:
-        return self.pools.run(lambda conn: execute(conn, self.flow, self.write), _LABEL)
-
-    async def run_async(self) -> Any:
-        return await self.pools.arun(lambda conn: aexecute(conn, self.flow, self.write), _LABEL)
-
-
-@dataclass(frozen=True, slots=True)
-class _Embed:
-    """An operation: the model embeds documents (in a thread when async), or a query."""
-
-    model: Embedder
-    documents: list[str] | None = None
-    query: str = ""
-
-    def run_sync(self) -> Any:
-        if self.documents is not None:
-            return self.model.embed_documents(self.documents)
-        return self.model.embed_query(self.query)
-
-    async def run_async(self) -> Any:
-        if self.documents is not None:
-            return await asyncio.to_thread(self.model.embed_documents, self.documents)
-        return await self.model.aembed_query(self.query)
-
-
-#: An operation's steps, run by :func:`demote.engine._flow.drive_sync` or ``drive_async``.
-_Steps = Generator[_Db | _Embed, Any, T]
-
-
-def _text(value: str) -> str:
-    """``value`` storable as PostgreSQL text: lone surrogates and NUL become U+FFFD."""
-    return storable_text(value).replace("\x00", "\ufffd")
 
 
 class PostgresArchive(Closing):
@@ -281,7 +228,9 @@ class PostgresArchive(Closing):
             layout = _pg_schema.migrate(conn, table, vectors, read_only)
             self._st = Statements(layout)
             if self._embedder is not None:
-                cleared.append(self._check_model(conn, dims, on_model_change == "reembed"))
+                reembed = on_model_change == "reembed" and not read_only
+                check = _pg_flows.check_model(self._st, self._embedder.name, dims, reembed)
+                cleared.append(_pg_flows.execute(conn, check, write=True))
 
         self._pools = Pools(
             dsn,
@@ -301,27 +250,10 @@ class PostgresArchive(Closing):
         if any(cleared):
             self.embed_pending()
 
-    def _check_model(self, conn: Any, dims: int | None, reembed: bool) -> bool:
-        """Compare the model with the stored vectors' (at open); clear them to re-embed."""
-        assert self._embedder is not None
-        settings = dict(conn.execute(self._st.settings).fetchall())
-        stored_dims = settings.get("embedding_dims")
-        changed = _vectors.compare_model(
-            settings.get("embedding_model"),
-            None if stored_dims is None else int(stored_dims),
-            self._embedder.name,
-            dims,
-            reembed and not self.read_only,
-        )
-        if changed:
-            with conn.transaction():
-                conn.execute(self._st.clear_vectors)
-        return changed
-
     # -- drivers ------------------------------------------------------------------------
 
-    def _db(self, flow: Flow[T], write: bool = False) -> _Db:
-        return _Db(self._pools, flow, write)
+    def _db(self, flow: Flow[T], write: bool = False) -> Db:
+        return Db(self._pools, flow, write)
 
     def _model(self) -> Embedder:
         assert self._embedder is not None
@@ -333,46 +265,15 @@ class PostgresArchive(Closing):
 
     # -- the hook -----------------------------------------------------------------------
 
-    def _row(self, message: DemotedMessage) -> Row:
-        context, speaker = _options.describe(self._context, message)
-        data = message.data
-        if data is not None and self._media == "reference":
-            data = data_by_reference(data)
-        text, context = _text(searchable_text(message.text, data)), _text(context)
-        stored = _schema.stored_data(text, data)
-        return Row(
-            int(message.index),
-            _text(str(message.role)),
-            text,
-            context,
-            _text(speaker),
-            _text(str(message.key)),
-            index_words(text),
-            index_words(context),
-            None if stored is None else stored.replace("\x00", "\ufffd"),
-        )
-
-    def _deliver(self, batch: Demotion) -> _Steps[int]:
+    def _deliver(self, batch: Demotion) -> Steps[int]:
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
-        cid = storable_id(batch.conversation_id)
-        fence = _args.fence(batch.fence)
-        rows = [self._row(m) for m in batch.messages]
-        if not rows:
-            return 0
-        vectors: dict[str, list[float]] = {}
-        if self._embedder is not None:
-            known = yield self._db(_pg_flows.has_keys(self._st, cid, [r.key for r in rows]))
-            new = list({r.key: r for r in rows if r.key not in known}.values())
-            if new:
-                texts = [_options.embedded(r.speaker, r.text) for r in new]
-                embedded = yield _Embed(self._model(), documents=texts)
-                vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
-        model = self._embedder.name if self._embedder is not None else ""
-        flow = _pg_flows.deliver(self._st, cid, rows, fence, vectors, model)
-        stored: int = yield self._db(flow, write=True)
-        return stored
+        return (
+            yield from _pg_writes.deliver(
+                self._pools, self._st, batch, self._context, self._media, self._embedder
+            )
+        )
 
     def deliver(self, batch: Demotion) -> None:
         """Store every message of ``batch`` in one transaction; known keys are skipped.
@@ -395,21 +296,13 @@ class PostgresArchive(Closing):
         """:meth:`deliver` on the async pool (the model's batch call in a thread)."""
         await drive_async(self._deliver(batch))
 
-    def _embed_pending(self, batch_size: int) -> _Steps[int]:
+    def _embed_pending(self, batch_size: int) -> Steps[int]:
         self._writable("embed messages")
         if self._embedder is None:
             return 0
-        done = 0
-        while True:
-            rows = yield self._db(_pg_flows.unembedded(self._st, batch_size))
-            if not rows:
-                return done
-            texts = [_options.embedded(speaker, text) for _, text, speaker in rows]
-            embedded = yield _Embed(self._embedder, documents=texts)
-            pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
-            flow = _pg_flows.store_vectors(self._st, pairs, self._embedder.name)
-            yield self._db(flow, write=True)
-            done += len(rows)
+        return (
+            yield from _pg_writes.embed_pending(self._pools, self._st, self._embedder, batch_size)
+        )
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -431,13 +324,13 @@ class PostgresArchive(Closing):
 
     def _search(
         self, conversation_id: str, query: str, k: int, budget_tokens: int | None
-    ) -> _Steps[list[Recalled]]:
+    ) -> Steps[list[Recalled]]:
         cid = storable_id(conversation_id)
         dense = self._embedder is not None
         request = self._searcher.request(cid, query, k, budget_tokens, dense)
         if request is None:
             return []
-        vector = (yield _Embed(self._model(), query=request.query)) if dense else None
+        vector = (yield Embed(self._model(), query=request.query)) if dense else None
         flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
         found: list[Recalled] = yield self._db(_pg_flows.with_data(self._st, cid, flow))
         return found
@@ -468,7 +361,7 @@ class PostgresArchive(Closing):
 
     # -- reading and erasing ------------------------------------------------------------
 
-    def _read(self, flow: Flow[T]) -> _Steps[T]:
+    def _read(self, flow: Flow[T]) -> Steps[T]:
         result: T = yield self._db(flow)
         return result
 
@@ -515,7 +408,7 @@ class PostgresArchive(Closing):
         """:meth:`conversations` on the async pool."""
         return await drive_async(self._read(_pg_flows.conversations(self._st)))
 
-    def _erase(self, conversation_id: str, fence: int | None) -> _Steps[int]:
+    def _erase(self, conversation_id: str, fence: int | None) -> Steps[int]:
         self._writable("erase a conversation")
         flow = _pg_flows.erase(self._st, storable_id(conversation_id), _args.fence(fence))
         removed: int = yield self._db(flow, write=True)
@@ -569,28 +462,14 @@ class PostgresArchive(Closing):
 
     # -- fetching one message by key (the recall tool) ----------------------------------
 
-    def _fetch(self, conversation_id: str, key: str) -> _Steps[Recalled | None]:
-        from demote.archive._pg_flows import Stmt
-        from demote.archive._search import scope
+    def _fetch(self, conversation_id: str, key: str) -> Steps[Recalled | None]:
         from demote.archive.render import recalled_from_columns
 
         cid = storable_id(conversation_id)
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
-        # The row as JSON: the columns this version of the table has, by name (a newer
-        # schema's whole-message column included), without the index's own columns.
-        sql = (
-            f"SELECT to_jsonb(m) - 'tsv' - 'context' FROM {self.table} m "
-            "WHERE m.scope = %(scope)s AND m.conversation_id = %(cid)s AND m.key = %(key)s "
-            "ORDER BY m.id DESC LIMIT 1"
-        )
-
-        def flow() -> Flow[list[Any]]:
-            rows = yield Stmt(sql, {"scope": scope(cid), "cid": cid, "key": _text(key)})
-            return [row[0] for row in rows]
-
-        found: list[Any] = yield self._db(flow())
-        return recalled_from_columns(found[0]) if found else None
+        found = yield self._db(_pg_flows.fetch(self._st, cid, _pg_rows.text(key)))
+        return None if found is None else recalled_from_columns(found)
 
     def fetch(self, conversation_id: str, key: str) -> Recalled | None:
         """The stored message of ``conversation_id`` under ``key``, or ``None``.

@@ -29,41 +29,30 @@ worker's late batch is refused.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sqlite3
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Literal, NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from demote._closing import Closing
 from demote._validate import file_path, seconds
 from demote.archive import (
     _args,
-    _entities,
     _erasure,
-    _fts,
-    _lexical,
     _options,
-    _schema,
     _search,
+    _sqlite_guard,
+    _sqlite_open,
+    _sqlite_reads,
+    _sqlite_writes,
     _vectors,
 )
 from demote.archive._search import Reranker
-from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind, connect
+from demote.backends.sqlite_kind import connect
 from demote.backends.wal import truncate_wal
 from demote.errors import ArgumentTypeError, StoreError
-from demote.records import (
-    DemotedMessage,
-    Demotion,
-    Recalled,
-    searchable_text,
-    storable_text,
-)
+from demote.records import Demotion, Recalled, storable_text
 from demote.state.base import validate_conversation_id
-from demote.window._media import data_by_reference
 from demote.window.tokens import Counter
 
 __all__ = ["ContextFn", "SQLiteArchive"]
@@ -72,58 +61,6 @@ __all__ = ["ContextFn", "SQLiteArchive"]
 #: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
 #: that is embedded), or ``None`` for none.
 ContextFn = _options.ContextFn
-
-
-#: The archive's tables (and the prefixes of FTS5's shadow tables): a file holding others
-#: belongs to another program and is refused.
-_OWN_TABLES = (
-    "messages",
-    "conversations",
-    "terms",
-    "speakers",
-    "vectors",
-    "settings",
-    "erased",
-    "entities",
-    "entity_state",
-)
-
-
-class _Row(NamedTuple):
-    conversation_id: str
-    idx: int
-    role: str
-    text: str
-    context: str
-    key: str
-    scope: str
-    speaker: str
-    data: str | None
-    archived_at: float
-
-
-def _with_data(
-    db: sqlite3.Connection, conversation_id: str, found: list[Recalled]
-) -> list[Recalled]:
-    """``found`` with each message's whole form and archive time read from its row."""
-    if not found:
-        return found
-    keys = list({r.key for r in found})
-    rows: dict[str, tuple[str | None, float | None]] = {}
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        for key, data, at in db.execute(
-            f"SELECT key, data, archived_at FROM messages WHERE conversation_id = ? "
-            f"AND key IN ({marks})",
-            (conversation_id, *chunk),
-        ):
-            rows[key] = (data, at)
-    out = []
-    for r in found:
-        data, at = rows.get(r.key, (None, None))
-        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
-    return out
 
 
 class SQLiteArchive(Closing):
@@ -281,17 +218,26 @@ class SQLiteArchive(Closing):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
         self._entities = entities
         self._context, self._embedder, dims = _options.model_parts(context, embeddings)
-        self._lock = threading.RLock()
-        self._closed = False
         if not isinstance(read_only, bool):
             raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
-        self._read_only = read_only
         try:
             self._db = connect(target, timeout, read_only=read_only)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
+        self._guard = _sqlite_guard.Guarded(self._db, read_only)
         try:
-            self._setup(target, timeout, on_model_change == "reembed", dims)
+            cleared = _sqlite_open.prepare(
+                self._db,
+                target,
+                timeout,
+                read_only=read_only,
+                entities=entities,
+                embedder=self._embedder,
+                dims=dims,
+                reembed=on_model_change == "reembed",
+            )
+            if cleared:
+                self.embed_pending()
         except sqlite3.Error as exc:
             self._db.close()
             raise StoreError(f"cannot use archive {target!r}: {exc}") from exc
@@ -299,87 +245,7 @@ class SQLiteArchive(Closing):
             self._db.close()
             raise
 
-    def _setup(self, path: str, timeout: float, reembed: bool, dims: int | None) -> None:
-        db = self._db
-        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        mine = check_kind(db, path, ARCHIVE, _OWN_TABLES)  # before WAL: it rewrites the header
-        if self._read_only:
-            _schema.check_current(db, path, mine)
-            _fts.create_scratch(db)  # in the temp schema, which a read-only file still has
-            return
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute("PRAGMA secure_delete = ON")  # deleted rows leave no bytes in free space
-        _fts.create_scratch(db)
-        embedder = self._embedder
-        db.execute("BEGIN IMMEDIATE")  # read the version only once no one else migrates
-        try:
-            if not check_kind(db, path, ARCHIVE, _OWN_TABLES):  # another may have won
-                claim_kind(db, ARCHIVE)
-            _schema.create_or_migrate(db)
-            if self._entities and _entities.create(db):
-                _entities.rebuild(db)  # a file archived without the index gains it now
-            cleared = False
-            if embedder is not None:
-                cleared = _vectors.check_model(db, embedder.name, dims, reembed)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        if cleared:
-            self.embed_pending()
-
-    # -- plumbing -----------------------------------------------------------------------
-
-    @contextmanager
-    def _locked(self, what: str) -> Iterator[sqlite3.Connection]:
-        """Hold the lock and translate backend errors into :class:`StoreError`."""
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"cannot {what}: the archive is closed")
-            try:
-                yield self._db
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot {what}: {exc}") from exc
-
-    @contextmanager
-    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
-        if self._read_only:
-            raise StoreError(f"cannot {what}: the archive is open read-only")
-        with self._locked(what) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
     # -- the hook -----------------------------------------------------------------------
-
-    def _row(self, conversation_id: str, scope: str, message: DemotedMessage) -> _Row:
-        context = self._context(message) if self._context is not None else None
-        speaker = ""
-        if isinstance(context, Mapping):
-            speaker = str(context.get("speaker") or "")
-            context = " ".join(str(v) for v in context.values() if v)
-        data = message.data
-        if data is not None and self._media == "reference":
-            data = data_by_reference(data)
-        text = storable_text(searchable_text(message.text, data))
-        return _Row(
-            conversation_id,
-            int(message.index),
-            str(message.role),
-            text,
-            storable_text(context or ""),
-            str(message.key),
-            scope,
-            storable_text(speaker),
-            _schema.stored_data(text, data),
-            time.time(),
-        )
 
     def deliver(self, batch: Demotion) -> None:
         """Store every message of ``batch`` in one transaction; known keys are skipped.
@@ -405,7 +271,10 @@ class SQLiteArchive(Closing):
         conversation_id = validate_conversation_id(batch.conversation_id)
         fence = _args.fence(batch.fence)
         scope = _search.scope(conversation_id)
-        rows = [self._row(conversation_id, scope, m) for m in batch.messages]
+        rows = [
+            _sqlite_writes.row(conversation_id, scope, m, self._context, self._media)
+            for m in batch.messages
+        ]
         if not rows:
             return
         vectors: dict[str, bytes] = {}
@@ -420,46 +289,9 @@ class SQLiteArchive(Closing):
                 packed = _vectors.pack(embedded)
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
                 dims = len(embedded[0])
-        with self._transaction("store a demotion") as db:
-            _erasure.check_fence(db, conversation_id, fence)
-            insert = (
-                "INSERT OR IGNORE INTO messages (conversation_id, idx, role, text, context, "
-                "key, scope, speaker, data, archived_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            )
-            stored: list[_Row] = []
-            for r in rows:
-                cursor = db.execute(insert, r)
-                if cursor.rowcount > 0:
-                    stored.append(r)
-                    if r.key in vectors:
-                        db.execute(
-                            "INSERT INTO vectors (message, conversation_id, idx, vector) "
-                            "VALUES (?, ?, ?, ?)",
-                            (cursor.lastrowid, conversation_id, r.idx, vectors[r.key]),
-                        )
-            if vectors:
-                self._store_model(db, dims)
-            _lexical.add_terms(db, conversation_id, [(r.text, r.context) for r in stored])
-            db.executemany(
-                "INSERT OR IGNORE INTO speakers (conversation_id, speaker) VALUES (?, ?)",
-                {(conversation_id, r.speaker) for r in stored if r.speaker},
-            )
-            _schema.refresh_adjacent(
-                db, conversation_id, {r.idx + d for r in stored for d in (-1, 0, 1)}
-            )
-            if self._entities:
-                _entities.index(
-                    db,
-                    conversation_id,
-                    [(r.idx, r.text) for r in stored],
-                    _lexical.speakers(db, conversation_id),
-                )
-
-    def _store_model(self, db: sqlite3.Connection, dims: int) -> None:
-        """Refuse vectors of other dimensions than the stored ones; record the model."""
-        name = self._embedder.name if self._embedder is not None else ""
-        _vectors.check_model(db, name, dims, reembed=False)
-        _vectors.record_model(db, name, dims)
+        model = (self._embedder.name if self._embedder is not None else "", dims)
+        with self._guard.transaction("store a demotion") as db:
+            _sqlite_writes.store(db, conversation_id, rows, fence, vectors, model, self._entities)
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -477,24 +309,15 @@ class SQLiteArchive(Closing):
             return 0
         done = 0
         while True:
-            with self._locked("read messages to embed") as db:
-                rows = db.execute(
-                    "SELECT m.id, m.conversation_id, m.idx, m.text, m.speaker FROM messages AS m "
-                    "WHERE NOT EXISTS (SELECT 1 FROM vectors AS v WHERE v.message = m.id) "
-                    "ORDER BY m.id LIMIT ?",
-                    (batch_size,),
-                ).fetchall()
+            with self._guard.locked("read messages to embed") as db:
+                rows = _sqlite_writes.unembedded(db, batch_size)
             if not rows:
                 return done
             embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
-            with self._transaction("store vectors") as db:
-                db.executemany(
-                    "INSERT OR IGNORE INTO vectors (message, conversation_id, idx, vector) "
-                    "SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",
-                    [(r[0], r[1], r[2], blob, r[0]) for r, blob in zip(rows, packed, strict=True)],
-                )
-                self._store_model(db, len(embedded[0]))
+            with self._guard.transaction("store vectors") as db:
+                _sqlite_writes.store_vectors(db, rows, packed)
+                _sqlite_writes.store_model(db, embedder.name, len(embedded[0]))
             done += len(rows)
 
     # -- recall -------------------------------------------------------------------------
@@ -556,16 +379,8 @@ class SQLiteArchive(Closing):
         return self._searcher.request(conversation_id, query, k, budget_tokens, dense)
 
     def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
-        with self._locked("search the archive") as db:
-            db.execute("BEGIN")  # one snapshot; the scratch table is written in it
-            try:
-                found = self._searcher.lookup(db, request, vector)
-                found = _with_data(db, request.conversation_id, found)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        return found
+        with self._guard.locked("search the archive") as db:
+            return _sqlite_reads.lookup(db, self._searcher, request, vector)
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -576,28 +391,15 @@ class SQLiteArchive(Closing):
         messages were) and when it was archived (``at``).
         """
         conversation_id = validate_conversation_id(conversation_id)
-        with self._locked("read the archive") as db:
-            rows = db.execute(
-                "SELECT idx, role, text, key, data, archived_at FROM messages "
-                "WHERE conversation_id = ? ORDER BY idx, id",
-                (conversation_id,),
-            ).fetchall()
-        return [
-            Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
-            for idx, role, text, key, data, at in rows
-        ]
+        with self._guard.locked("read the archive") as db:
+            return _sqlite_reads.messages(db, conversation_id)
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""
-        with self._locked("count archived messages") as db:
-            if conversation_id is None:
-                row = db.execute("SELECT count(*) FROM messages").fetchone()
-            else:
-                row = db.execute(
-                    "SELECT count(*) FROM messages WHERE conversation_id = ?",
-                    (validate_conversation_id(conversation_id),),
-                ).fetchone()
-        return int(row[0])
+        with self._guard.locked("count archived messages") as db:
+            if conversation_id is not None:
+                conversation_id = validate_conversation_id(conversation_id)
+            return _sqlite_reads.count(db, conversation_id)
 
     def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are stored for ``conversation_id``.
@@ -606,27 +408,13 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         wanted = _args.keys(keys)
-        found: set[str] = set()
-        with self._locked("look up archived keys") as db:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                found.update(
-                    key
-                    for (key,) in db.execute(
-                        f"SELECT key FROM messages WHERE conversation_id = ? AND key IN ({marks})",
-                        (conversation_id, *chunk),
-                    )
-                )
-        return found
+        with self._guard.locked("look up archived keys") as db:
+            return _sqlite_reads.has_keys(db, conversation_id, wanted)
 
     def conversations(self) -> list[str]:
         """The ids of every conversation with stored messages, sorted."""
-        with self._locked("list archived conversations") as db:
-            rows = db.execute(
-                "SELECT DISTINCT conversation_id FROM messages ORDER BY conversation_id"
-            ).fetchall()
-        return [conversation_id for (conversation_id,) in rows]
+        with self._guard.locked("list archived conversations") as db:
+            return _sqlite_reads.conversations(db)
 
     def erase(
         self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
@@ -656,10 +444,10 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         fence = _args.fence(fence)
-        with self._transaction("erase a conversation") as db:
+        with self._guard.transaction("erase a conversation") as db:
             removed = _erasure.erase_rows(db, conversation_id, fence)
         self._searcher.vectors.forget(conversation_id)
-        with self._locked("truncate the WAL after an erase") as db:
+        with self._guard.locked("truncate the WAL after an erase") as db:
             truncate_wal(db)
         return removed
 
@@ -678,10 +466,7 @@ class SQLiteArchive(Closing):
 
     def close(self) -> None:
         """Close the connection; further calls raise :class:`StoreError`. Idempotent."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._db.close()
+        self._guard.close()
 
     # -- fetching one message by key (the recall tool) ----------------------------------
 
@@ -704,15 +489,9 @@ class SQLiteArchive(Closing):
         conversation_id = validate_conversation_id(conversation_id)
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
-        with self._locked("fetch an archived message") as db:
-            cursor = db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? AND key = ? "
-                "ORDER BY id DESC LIMIT 1",
-                (conversation_id, storable_text(key)),
-            )
-            row = cursor.fetchone()
-            names = [column[0] for column in cursor.description]
-        return None if row is None else recalled_from_columns(dict(zip(names, row, strict=True)))
+        with self._guard.locked("fetch an archived message") as db:
+            columns = _sqlite_reads.row_by_key(db, conversation_id, storable_text(key))
+        return None if columns is None else recalled_from_columns(columns)
 
     async def afetch(self, conversation_id: str, key: str) -> Recalled | None:
         """:meth:`fetch` for async callers (the SQLite work runs in a worker thread)."""

@@ -61,7 +61,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any, Literal
@@ -69,6 +69,7 @@ from typing import Any, Literal
 from demote._closing import Closing
 from demote._validate import count, file_path, seconds
 from demote.backends.sqlite_kind import OUTBOX, check_kind, claim_kind, connect
+from demote.backends.sqlite_tx import immediate
 from demote.capture import _outbox_schema as schema
 from demote.capture._checkpoints import CheckpointStats, WalCheckpoints
 from demote.capture.codec import decode, dedup_key
@@ -436,12 +437,5 @@ class SQLiteOutbox(WalCheckpoints, Closing):
             self._committed()
         return [OutboxRow(*row) for row in rows]
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _transaction(self) -> AbstractContextManager[None]:
+        return immediate(self._db)

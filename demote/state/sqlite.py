@@ -41,6 +41,7 @@ from typing import TypeVar
 
 from demote._validate import file_path, seconds
 from demote.backends.sqlite_kind import Columns, check_kind, connect, declare, schema_columns
+from demote.backends.sqlite_tx import immediate
 from demote.backends.wal import truncate_wal
 from demote.backends.worker import Worker
 from demote.errors import ArgumentTypeError, StoreError
@@ -251,13 +252,8 @@ class SQLiteStateStore(OpStore):
                 if begin is None:
                     yield db
                     return
-                db.execute(begin)
-                try:
+                with immediate(db, begin):
                     yield db
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")

@@ -229,7 +229,7 @@ def test_a_frequent_term_past_the_budget_still_counts_as_coverage(tmp_path: Path
 
 def old_search(archive: SQLiteArchive, conversation_id: str, query: str, k: int) -> list[Recalled]:
     """The ranking before term statistics: counts from the index on every search."""
-    weights, pool, coverage_weight, neighbours, _ = archive._searcher.ranking
+    weights, pool, coverage_weight, neighbours = archive._searcher.ranking[:4]
     terms = _fts.query_terms(query)
     if not terms:
         return []
