@@ -436,9 +436,12 @@ class Demoter(Closing):
         return bool((yield from self._delivery.store_op("compare_and_set", cid, current, state)))
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait for background work started by sync loads (summaries); ``True`` if idle.
+        """Wait for background work started by sync loads; ``True`` if all of it ended.
 
-        Async loads run their background work as tasks: await :meth:`adrain` instead.
+        Background work is a summary being written, and a delivery that outlived
+        ``hook_wait`` finishing (its commit or its retry). Async loads run theirs as
+        tasks: await :meth:`adrain` instead. Observers run on their own thread and are
+        not waited for.
         """
         return self._delivery.drain(timeout)
 
