@@ -9,7 +9,7 @@ marked sent. :class:`~demote.engine._delivery.Delivery` drives the calls and com
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from demote.engine._flow import Flow, HasKeys
 from demote.engine._views import ViewCache
@@ -96,18 +96,7 @@ class Batches:
             self._views.mark_sent(cid, sent)
         with self._tally.lock:
             self._tally.delivered += len(batch.messages)
-        events.append(
-            DemoteEvent(
-                "delivered",
-                cid,
-                lo,
-                hi,
-                len(batch.messages),
-                tuple(m.key for m in batch.messages),
-                duration=took,
-                fence=batch.fence,
-            )
-        )
+        events.append(_event("delivered", batch, lo, hi, took))
 
     def failed(
         self,
@@ -132,16 +121,28 @@ class Batches:
             exc,
         )
         events.append(
-            DemoteEvent(
-                "delivery_failed",
-                cid,
-                lo,
-                hi,
-                len(batch.messages),
-                tuple(m.key for m in batch.messages),
-                duration=took,
-                error=repr(exc),
-                retry_in=wait,
-                fence=batch.fence,
-            )
+            _event("delivery_failed", batch, lo, hi, took, error=repr(exc), retry_in=wait)
         )
+
+
+def _event(
+    kind: Literal["delivered", "delivery_failed"],
+    batch: Demotion,
+    lo: int,
+    hi: int,
+    took: float,
+    **outcome: Any,
+) -> DemoteEvent:
+    """The event of one hook call on ``batch`` (messages ``lo`` to ``hi``)."""
+    keys = tuple(m.key for m in batch.messages)
+    return DemoteEvent(
+        kind,
+        batch.conversation_id,
+        lo,
+        hi,
+        len(keys),
+        keys,
+        duration=took,
+        fence=batch.fence,
+        **outcome,
+    )

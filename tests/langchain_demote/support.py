@@ -194,3 +194,17 @@ class ScriptedToolModel(BaseChatModel):
             self.calls.append(list(messages))
         last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
         return ChatResult(generations=[ChatGeneration(message=self.reply(messages, last))])
+
+
+def record_windows(middleware: Any) -> list[dict[str, Any]]:
+    """Spy on ``middleware``: the ``demote`` metadata of every request it prepares, in order."""
+    windows: list[dict[str, Any]] = []
+    original = middleware._prepare
+
+    def spying(request: Any) -> Any:
+        prepared = yield from original(request)
+        windows.append(prepared.metadata["demote"] if prepared.metadata else {})
+        return prepared
+
+    middleware._prepare = spying
+    return windows

@@ -25,7 +25,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from demote import Demoter, SlidingWindow
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.middleware import DemotingMiddleware
-from tests.langchain_demote.support import ScriptedToolModel
+from tests.langchain_demote.support import ScriptedToolModel, record_windows
 from tests.support.counting import CountingArchive
 from tests.support.provider_rules import violations
 
@@ -88,15 +88,7 @@ def test_sixty_mixed_tool_calls_stay_bounded_and_valid_in_both_adapters(tmp_path
     hook = CountingArchive(tmp_path / "archive.db")
     demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook)
     middleware = DemotingMiddleware(demoter)
-    windows: list[dict[str, Any]] = []
-    original = middleware._prepare
-
-    def spying(request: Any) -> Any:
-        prepared = yield from original(request)
-        windows.append(prepared.metadata["demote"] if prepared.metadata else {})
-        return prepared
-
-    middleware._prepare = spying  # type: ignore[method-assign]
+    windows = record_windows(middleware)
     model = MixedModel()
     agent = create_agent(model, TOOLS, checkpointer=InMemorySaver(), middleware=[middleware])
     config: Any = {"configurable": {"thread_id": "mixed"}, "recursion_limit": 300}

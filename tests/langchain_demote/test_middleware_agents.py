@@ -35,7 +35,7 @@ from demote.window.policy import ClearToolResults
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.messages import to_core
 from langchain_demote.middleware import DemotingMiddleware
-from tests.langchain_demote.support import ScriptedToolModel
+from tests.langchain_demote.support import ScriptedToolModel, record_windows
 from tests.support.counting import CountingArchive
 
 STEPS = 30
@@ -103,16 +103,8 @@ def run_agent(
     model = ToolLoopModel()
     hook = CountingArchive(tmp_path / "archive.db")
     demoter = Demoter(policy, hook)
-    windows: list[dict[str, Any]] = []
     middleware = DemotingMiddleware(demoter)
-    original = middleware._prepare
-
-    def spying(request: Any) -> Any:
-        prepared = yield from original(request)
-        windows.append(prepared.metadata["demote"] if prepared.metadata else {})
-        return prepared
-
-    middleware._prepare = spying  # type: ignore[method-assign]
+    windows = record_windows(middleware)
     agent = create_agent(
         model, TOOLS, system_prompt=SYSTEM, checkpointer=InMemorySaver(), middleware=[middleware]
     )
