@@ -22,7 +22,7 @@ agent's real requests:
 Per model call: the tokens sent, by ``count_tokens_approximately`` over the request's
 messages (the system prompt included) and the bound tool definitions; peak, p95 and how
 many calls are over the limit; how many requests a provider would reject
-(:func:`tests.support.provider_rules.violations`: the documented ordering rules and
+(:func:`langchain_demote.provider_rules.violations`: the documented ordering rules and
 langchain-anthropic's and langchain-openai's own converters). The billed input of the
 whole run with prompt caching at Anthropic's prices (:mod:`demote.cli.cachecost`: reads
 0.1x, writes 1.25x, prefix reuse with the previous call, tool definitions first), in
@@ -50,7 +50,7 @@ from bench.common import RESULTS, environment, progress, table, write_json
 from demote import Bulk, Compact, Demoter, SlidingWindow
 from demote.cli.cachecost import ANTHROPIC, CacheMeter
 from demote.window.policy import ClearToolResults
-from tests.support.provider_rules import violations
+from langchain_demote.provider_rules import violations
 
 SECTION = "agents"
 LIMITS = (4_000, 8_000)
