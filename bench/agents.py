@@ -1,4 +1,8 @@
-"""Section 7: agents. What each memory setup sends the model at every call of a tool loop.
+"""Section 7s: agents on generated stress traces. What each setup sends at every call.
+
+Section 7's headline runs on recorded agent runs (:mod:`bench.agents_real`); these
+generated traces stay as stress tests: results of 200-5,000 tokens, where one step fills
+a 4,000-token window.
 
 The traces (:mod:`bench.agent_traces`, deterministic, offline): one request of 200 tool
 steps with results of 200-5,000 tokens, 20 requests of 20 steps each, a run of parallel
@@ -319,9 +323,10 @@ def report(payload: dict[str, Any]) -> str:
         for t in payload["traces"]
     )
     lines = [
-        "## 7. Agents (tokens sent per model call, system prompt and tools included; invalid "
-        "requests by the ordering rules and both providers' converters; billed input of the "
-        "whole run with Anthropic prompt caching, in full-price tokens)",
+        "## 7s. Agents on generated stress traces (tokens sent per model call, system prompt "
+        "and tools included; invalid requests by the ordering rules and both providers' "
+        "converters; billed input of the whole run with Anthropic prompt caching, in "
+        "full-price tokens)",
         "",
         f"Traces: {traces}.",
     ]

@@ -314,7 +314,7 @@ def run(
 
 
 def plot(payload: dict[str, Any], out: Path = RESULTS) -> Path | None:
-    """Billed (Anthropic) against grounded, one point per setup and limit; None without matplotlib."""
+    """Billed (Anthropic) against grounded, per setup and limit; None without matplotlib."""
     try:
         import matplotlib
 

@@ -212,7 +212,8 @@ def chain(
     if not groups[-1]:
         groups.pop()
     elif len(groups) > 1 and (tokens < min_tokens / 2 or calls < min_tool_calls / 2):
-        groups[-2] += groups.pop()
+        rest = groups.pop()
+        groups[-1].extend(rest)
     out: list[RealTrace] = []
     for n, group in enumerate(groups):
         messages: list[BaseMessage] = []
