@@ -292,7 +292,12 @@ class Delivery:
             or not getattr(self.state, "shared", True)
         ):
             return hold
-        lease = yield from self.store_op("acquire_lease", cid, hold.holder, self.lease_ttl)
+        try:
+            lease = yield from self.store_op("acquire_lease", cid, hold.holder, self.lease_ttl)
+        except BaseException:  # granted, perhaps, and the reply lost: the next load frees it
+            self.stranded.setdefault(cid, hold.holder)
+            self.let_go(hold)  # else the gate stays taken and the conversation never moves
+            raise
         if lease is None:  # another worker is delivering
             self.let_go(hold)
             return None

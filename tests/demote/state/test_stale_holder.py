@@ -366,3 +366,45 @@ def test_an_erase_whose_lease_was_taken_over_is_not_complete(pair: Pair, side: s
     assert report.took_over and not report.complete, "B's batch reached the tier after it"
     hook_b.release.set()
     taking.result(PATIENCE)
+
+
+class FailsOnce:
+    """A real store whose next ``acquire_lease`` fails as a cut connection does."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.fail = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _check(self) -> None:
+        if self.fail:
+            self.fail = False
+            raise StoreError("redis: ConnectionError: connection reset by peer")
+
+    def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Any:
+        self._check()
+        return self._store.acquire_lease(conversation_id, holder, ttl)
+
+    async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Any:
+        self._check()
+        return await self._store.aacquire_lease(conversation_id, holder, ttl)
+
+
+@SIDES
+def test_an_erase_whose_lease_request_failed_leaves_the_conversation_free(
+    pair: Pair, side: str
+) -> None:
+    # Compaction and erase take the gate, then ask for the lease: a failed request must
+    # give the gate back, or this process never demotes the conversation again.
+    cid, store = "gate", FailsOnce(pair.raw_a)
+    hook = Held(pair.sink, "a", erase=True)
+    hook.release.set()
+    a = pair.demoter(store, hook, hook_wait=None)
+    with pytest.raises(StoreError):
+        pair.side.start(a, "erase", cid).result(PATIENCE)
+    window = pair.side.start(a, "load", cid, chat(20), describe_with(a)).result(PATIENCE)
+    assert (window.delivered, window.pending) == (16, 0), "the gate was given back"
+    state = pair.state(cid)
+    assert state is not None and state.delivered == 16
