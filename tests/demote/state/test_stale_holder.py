@@ -115,6 +115,7 @@ class Held:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.erase_fence: int | None = None
+        self.calls = 0
 
     def _hold(self) -> bool:
         first = not self.entered.is_set()
@@ -122,6 +123,7 @@ class Held:
         return first
 
     def deliver(self, batch: Demotion) -> None:
+        self.calls += 1
         if self.when == "after" or self.holds_erase:
             self.sink.write(self.name, batch)
         if not self.holds_erase and self._hold() and not self.release.wait(PATIENCE):
@@ -130,6 +132,7 @@ class Held:
             self.sink.write(self.name, batch)
 
     async def adeliver(self, batch: Demotion) -> None:
+        self.calls += 1
         if self.when == "after" or self.holds_erase:
             self.sink.write(self.name, batch)
         if not self.holds_erase and self._hold():
@@ -263,12 +266,15 @@ def check_sink(pair: Pair, b_writes: str, n: int) -> None:
 
 @SIDES
 @WRITES
+@pytest.mark.parametrize("max_batch", [100, 8], ids=["one-batch", "backlog"])
 def test_a_load_waiting_for_its_hook_past_a_takeover_commits_nothing(
-    pair: Pair, side: str, b_writes: str
+    pair: Pair, side: str, b_writes: str, max_batch: int
 ) -> None:
+    # In a backlog (two batches of 8) the refused commit is the one after the first batch,
+    # which makes its progress durable: A then stops, and hands the hook nothing more.
     cid, msgs = "waited", chat(20)
     hook_a, hook_b = Held(pair.sink, "a"), b_hook(pair, b_writes)
-    a = pair.demoter(pair.a_store, hook_a, hook_wait=None)
+    a = pair.demoter(pair.a_store, hook_a, hook_wait=None, max_batch=max_batch)
     b = pair.demoter(pair.raw_b, hook_b, hook_wait=None)
     loading = pair.side.start(a, "load", cid, msgs, describe_with(a))
     assert hook_a.entered.wait(PATIENCE)
@@ -278,6 +284,7 @@ def test_a_load_waiting_for_its_hook_past_a_takeover_commits_nothing(
     window = loading.result(PATIENCE)
     assert pair.state(cid) is None, "the stale holder's commit was refused"
     assert (window.delivered, window.pending) == (0, 16)
+    assert hook_a.calls == 1, "nothing more was handed to A's hook once a commit was refused"
 
     hook_b.release.set()
     taking.result(PATIENCE)
