@@ -197,7 +197,8 @@ class Pair:
 
     def demoter(self, store: Any, hook: Held, **kwargs: Any) -> Demoter:
         kwargs.setdefault("policy", POLICY)
-        made = Demoter(kwargs.pop("policy"), hook, state=store, lease_ttl=TTL, **kwargs)
+        kwargs.setdefault("lease_ttl", TTL)
+        made = Demoter(kwargs.pop("policy"), hook, state=store, **kwargs)
         self.demoters.append(made)
         return made
 
@@ -376,27 +377,38 @@ def test_an_erase_whose_lease_was_taken_over_is_not_complete(pair: Pair, side: s
 
 
 class FailsOnce:
-    """A real store whose next ``acquire_lease`` fails as a cut connection does."""
+    """A real store whose next call of ``method`` (or its twin) fails as a cut one does."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, method: str) -> None:
         self._store = store
-        self.fail = True
+        self.method: str | None = method
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def _check(self) -> None:
-        if self.fail:
-            self.fail = False
+    def _call(self, name: str, *args: Any) -> Any:
+        if self.method == name:
+            self.method = None
             raise StoreError("redis: ConnectionError: connection reset by peer")
+        return getattr(self._store, name)(*args)
+
+    async def _acall(self, name: str, *args: Any) -> Any:
+        if self.method == name:
+            self.method = None
+            raise StoreError("redis: ConnectionError: connection reset by peer")
+        return await getattr(self._store, "a" + name)(*args)
+
+    def get(self, conversation_id: str) -> Any:
+        return self._call("get", conversation_id)
+
+    async def aget(self, conversation_id: str) -> Any:
+        return await self._acall("get", conversation_id)
 
     def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Any:
-        self._check()
-        return self._store.acquire_lease(conversation_id, holder, ttl)
+        return self._call("acquire_lease", conversation_id, holder, ttl)
 
     async def aacquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Any:
-        self._check()
-        return await self._store.aacquire_lease(conversation_id, holder, ttl)
+        return await self._acall("acquire_lease", conversation_id, holder, ttl)
 
 
 @SIDES
@@ -405,7 +417,7 @@ def test_an_erase_whose_lease_request_failed_leaves_the_conversation_free(
 ) -> None:
     # Compaction and erase take the gate, then ask for the lease: a failed request must
     # give the gate back, or this process never demotes the conversation again.
-    cid, store = "gate", FailsOnce(pair.raw_a)
+    cid, store = "gate", FailsOnce(pair.raw_a, "acquire_lease")
     hook = Held(pair.sink, "a", erase=True)
     hook.release.set()
     a = pair.demoter(store, hook, hook_wait=None)
@@ -415,3 +427,23 @@ def test_an_erase_whose_lease_request_failed_leaves_the_conversation_free(
     assert (window.delivered, window.pending) == (16, 0), "the gate was given back"
     state = pair.state(cid)
     assert state is not None and state.delivered == 16
+
+
+@SIDES
+def test_a_late_commit_that_fails_leaves_its_lease_to_the_next_load(pair: Pair, side: str) -> None:
+    # The continuation after hook_wait reads the state before its commit; that read fails.
+    # The lease it still holds must not keep its own process's next load out: that load
+    # gives it back first (the keeper, which would release it later, is stopped here, and
+    # the lease lasts 30 s).
+    cid, store = "stranded", FailsOnce(pair.raw_a, "")
+    hook = Held(pair.sink, "a")
+    a = pair.demoter(store, hook, hook_wait=0.05, lease_ttl=30.0)
+    first = pair.side.start(a, "load", cid, chat(20), describe_with(a)).result(PATIENCE)
+    assert first.pending == 16 and hook.entered.is_set()  # the call goes on
+    a._delivery.keeper.close()
+    store.method = "get"
+    hook.release.set()
+    assert pair.side.drain(a)
+    assert len(pair.sink.keys) == 16, "the hook took the batch; its commit failed"
+    window = pair.side.start(a, "load", cid, chat(20), describe_with(a)).result(PATIENCE)
+    assert (window.delivered, window.pending) == (16, 0), "the next load was not kept out"
