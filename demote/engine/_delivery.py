@@ -292,7 +292,12 @@ class Delivery:
             or not getattr(self.state, "shared", True)
         ):
             return hold
-        lease = yield from self.store_op("acquire_lease", cid, hold.holder, self.lease_ttl)
+        try:
+            lease = yield from self.store_op("acquire_lease", cid, hold.holder, self.lease_ttl)
+        except BaseException:  # granted, perhaps, and the reply lost: the next load frees it
+            self.stranded.setdefault(cid, hold.holder)
+            self.let_go(hold)  # else the gate stays taken and the conversation never moves
+            raise
         if lease is None:  # another worker is delivering
             self.let_go(hold)
             return None
@@ -385,6 +390,7 @@ class Delivery:
             yield from self._late_commit(hold, detached, events)
         except Exception as exc:  # the hook may hold the batch: the next delivery asks it
             self.unsure.add(batch.conversation_id)
+            self._strand(hold)
             logger.warning(
                 "demote: recording a late delivery for %r failed: %r", batch.conversation_id, exc
             )
@@ -392,6 +398,18 @@ class Delivery:
             hold.detached = None
             self._free(hold)
             self._observers.publish(events)
+
+    def _strand(self, hold: Hold) -> None:
+        """Leave the hold's lease, if still out, to the next load, which releases it first.
+
+        The keeper's release could come after that load (or fail with the store), which
+        would then find the conversation held by this very process.
+        """
+        lease = hold.lease
+        if lease is not None and not hold.released:
+            hold.released = True
+            self.keeper.drop(lease)
+            self.stranded[hold.conversation_id] = lease
 
     def _late_failed(self, events: list[DemoteEvent], d: Detached, exc: Exception) -> None:
         took = time.perf_counter() - d.began

@@ -21,7 +21,7 @@ from demote.engine.retry import RetryTracker
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError
 from demote.records import MessageRecord, make_key
-from demote.state.base import validate_conversation_id
+from demote.state.base import Lease, validate_conversation_id
 
 T = TypeVar("T")
 
@@ -101,6 +101,10 @@ class Eraser:
             reports: list[TierReport] = []
             for holder in (delivery.hook, *also):
                 reports += yield from erase_tiers(holder, cid, fence, keys)
+            if hold is not None and hold.lease is not None and not took_over:
+                # Still ours? If the lease ran out while the tiers erased (its renewals
+                # lost), another worker may have delivered to a tier since: not complete.
+                took_over = not (yield from lease_still_held(delivery, hold.lease))
             yield from delivery.store_op("delete", cid)  # state, summary and lease, bytes too
             if hold is not None and hold.lease is not None:
                 hold.released = True
@@ -118,6 +122,19 @@ class Eraser:
         with self._tally.lock:
             self._tally.errors.pop(cid, None)
             self._tally.pending.pop(cid, None)
+
+
+def lease_still_held(delivery: Delivery, lease: Lease) -> Flow[bool]:
+    """Is ``lease`` still held? Renewed once to find out (a refusal: it was lost).
+
+    The keeper renews it meanwhile, but a renewal that never reached the store (a
+    partition) is only retried: asking the store is the one sure answer.
+    """
+    if delivery.keeper.lost(lease):
+        return False
+    if not callable(getattr(delivery.state, "renew_lease", None)):
+        return True
+    return bool((yield from delivery.store_op("renew_lease", lease, delivery.lease_ttl)))
 
 
 def erase_tiers(

@@ -68,6 +68,8 @@ class Config:
         check_fence: The sink refuses a batch below the highest token it saw.
         renew: ``False`` stops the lease keeper (a control: no renewal).
         lease_ttl, window: The Demoter's lease TTL and ``last_messages`` limit.
+        hook_wait: The Demoter's ``hook_wait`` (``None``: each load waits its hook out);
+            the worker drains the calls that outlive it before it exits.
     """
 
     name: str
@@ -91,6 +93,7 @@ class Config:
     renew: bool = True
     lease_ttl: float = 1.0
     window: int = 2
+    hook_wait: float | None = None
 
 
 def wait_for(path: Path, limit: float = MAX_WAIT) -> None:
@@ -208,7 +211,8 @@ def make_demoter(config: Config, store: Any, sink: Sink) -> Demoter:
         state=Consistent(store, sink),
         lease_ttl=config.lease_ttl,
         hook_timeout=MAX_WAIT,
-        hook_wait=None,  # each load waits its (slow) hook out: the leases are what is watched
+        # By default each load waits its (slow) hook out: the leases are what is watched.
+        hook_wait=config.hook_wait,
     )
     if not config.renew:
         demoter._delivery.keeper.close()  # the control: nothing renews this worker's leases
@@ -263,6 +267,19 @@ class Worker:
         self.sink.set_history(cid, epoch + 1, int(self.config.clear["length"]))
         return str(cid), str(self.config.clear.get("how", "clear"))
 
+    def record(self, cid: str, window: Any) -> None:
+        """Append what the load returned to ``windows-<name>.jsonl`` (degraded included)."""
+        seen = {
+            "cid": cid,
+            "start": window.start,
+            "delivered": window.delivered,
+            "pending": window.pending,
+            "demoted": window.demoted,
+            "degraded": window.degraded,
+        }
+        with (self.dir / f"windows-{self.config.name}.jsonl").open("a") as out:
+            out.write(json.dumps(seen) + "\n")
+
     def ready(self) -> None:
         (self.dir / f"ready-{self.config.name}").touch()
 
@@ -285,6 +302,9 @@ class Worker:
             finally:
                 self.sink.end_read()
             self.sink.loaded(c.name, cid, epoch, len(messages), t0, window)
+            self.record(cid, window)
+        if not self.demoter.drain(MAX_WAIT):  # hook calls that outlived hook_wait
+            raise TimeoutError("background deliveries did not end")
 
     async def arun(self) -> None:
         c = self.config
@@ -305,6 +325,9 @@ class Worker:
             finally:
                 self.sink.end_read()
             self.sink.loaded(c.name, cid, epoch, len(messages), t0, window)
+            self.record(cid, window)
+        if not await self.demoter.adrain(MAX_WAIT):
+            raise TimeoutError("background deliveries did not end")
         await self.store.aclose()  # this loop's async client, before the loop closes
 
     def close(self) -> None:

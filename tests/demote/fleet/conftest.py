@@ -78,8 +78,9 @@ class Fleet:
     def config(self, name: str, **fields: Any) -> Config:
         b = self.backend
         fields.setdefault("lease_ttl", TTL)
+        target = fields.pop("target", b.target)  # another way to the same store (a proxy)
         return Config(
-            name, b.kind, b.target, b.namespace, str(self.sink.path), str(self.dir), **fields
+            name, b.kind, target, b.namespace, str(self.sink.path), str(self.dir), **fields
         )
 
     def start(self, name: str, **fields: Any) -> subprocess.Popen[bytes]:
@@ -176,6 +177,12 @@ class Fleet:
             time.sleep(0.01)
 
     # -- what happened -------------------------------------------------------------------
+
+    def windows(self, name: str) -> list[dict[str, Any]]:
+        """What each load of worker ``name`` returned, in order."""
+        path = self.dir / f"windows-{name}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in lines]
 
     def state(self, cid: str) -> ConversationState | None:
         store = open_store(self.backend.kind, self.backend.target, self.backend.namespace)
