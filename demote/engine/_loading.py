@@ -92,6 +92,7 @@ class Loader:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
+        pruned: int = 0,
     ) -> Flow[Window[T]]:
         """One load: steps 1 to 5 (see :mod:`demote.engine.demoter`)."""
         if type(conversation_id) is str and conversation_id in self._views:
@@ -107,6 +108,7 @@ class Loader:
         if not callable(describe):
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
         count("reserved", reserved, minimum=0)
+        count("pruned", pruned, minimum=0)
         tally = self._tally
         with tally.lock:
             tally.loads += 1
@@ -122,7 +124,7 @@ class Loader:
             return window
         if self._degradation.since is not None:
             self._degradation.recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved)
+        work = self._windows.prepare(cid, messages, describe, stored, reserved, pruned)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -171,7 +173,7 @@ class Loader:
                     current = yield from delivery.guarded("get", cid)
                 if current != stored:  # it moved on since we read it: plan again
                     replanned = self._windows.prepare(
-                        cid, work.messages, describe, current, work.reserved
+                        cid, work.messages, describe, current, work.reserved, work.pruned
                     )
                     if isinstance(replanned, Window):
                         yield from delivery.release(hold)

@@ -159,8 +159,14 @@ class Windows:
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
         reserved: int = 0,
+        pruned: int = 0,
     ) -> Work | Window[T]:
-        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
+        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window.
+
+        ``pruned``: the positions from the pinned head up to there are absent (an agent
+        state whose front was pruned): a plan that needs records from further back than
+        the state checks reads from there, not below (see :meth:`Demoter.load`).
+        """
         state = stored or FRESH
         given, reserved = reserved, self._with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
@@ -206,8 +212,12 @@ class Windows:
         if p.needs is not None and not p.rewritten:
             # The window starts inside a turn whose opener is before what was read (the
             # state does not store where it is: after a restart, a first load): read back
-            # to it once; the index the plan returns carries it from then on.
-            view = self._views.records(cid, messages, p.needs, describe)
+            # to it once; the index the plan returns carries it from then on. Not below a
+            # pruned prefix: it was pruned only up to the opener of a window that started
+            # there or before, so the opener is after it (and the pinned head's tokens
+            # are counted above, from the messages).
+            lo = max(p.needs, min(pruned, view.base))
+            view = self._views.records(cid, messages, lo, describe)
             p = plan(
                 self.policy,
                 state,
@@ -243,7 +253,9 @@ class Windows:
                 cid,
             )
         known = resynced or state.generation > 0
-        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
+        return Work(
+            messages, stored, p, view, target, resynced, known, reserved=given, pruned=pruned
+        )
 
     def _with_summary(self, state: ConversationState, reserved: int) -> int:
         """``reserved`` plus the committed summary's tokens in a token window.
