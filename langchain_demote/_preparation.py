@@ -45,7 +45,7 @@ class Load:
     messages: Sequence[BaseMessage]
     describe: Callable[[BaseMessage], MessageRecord]
     reserved: int = 0  # tokens of the system message and tools
-    pruned: int = 0  # positions up to here, after the pinned head, are pruned
+    pruned: range = range(0)  # positions pruned from the messages
 
     def run_sync(self) -> Window[BaseMessage]:
         return self.demoter.load(

@@ -132,6 +132,8 @@ def prune_update(
     window), and the opener of a window that starts inside a turn is before it; the
     prune stops below both.
     """
+    if window.degraded:
+        return None  # the store is down: nothing was committed, so nothing is pruned
     limit = min(window.delivered, window.start)
     if window.opener_index is not None:
         limit = min(limit, window.opener_index)
@@ -181,7 +183,12 @@ def reconcile(
             f"conversation {cid!r}: the agent state is shorter than its pruned prefix"
         )
     d = demoter
-    s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+    try:
+        s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+    except Exception:
+        if d.on_store_error == "raise":
+            raise
+        return  # the store is down: the load degrades, planned after the pruned prefix
     if (
         s.pinned == pinned
         and floor < s.window_start <= len(view)
@@ -204,4 +211,8 @@ def reconcile(
         cid,
         floor,
     )
-    yield Call(d.seed, d.aseed, (cid, seeded))
+    try:
+        yield Call(d.seed, d.aseed, (cid, seeded))
+    except Exception:
+        if d.on_store_error == "raise":
+            raise

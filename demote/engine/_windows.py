@@ -65,11 +65,29 @@ class Windows:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
-        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
-        view = self._views.records(cid, messages, 0, describe)
-        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
-        target = self._advance(FRESH, p, view)
+        """The window of ``messages`` planned from a fresh state (the store is unreadable).
+
+        With ``pruned`` positions absent, from the state they imply instead: everything
+        up to the message right after them (which the prune kept) was delivered.
+        """
+        state, lo, pinned_tokens = FRESH, 0, None
+        if pruned and pruned.stop < len(messages):
+            lo = pruned.stop
+            anchor = describe(messages[lo]).fingerprint
+            state = ConversationState(lo + 1, lo + 1, pruned.start, anchor)
+            pinned_tokens = sum(describe(messages[i]).tokens for i in range(pruned.start))
+        view = self._views.records(cid, messages, lo, describe)
+        p = plan(
+            self.policy,
+            state,
+            view.records,
+            base=lo,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+        )
+        target = self._advance(state, p, view)
         work = Work(messages, None, p, view, target, False, False, reserved=reserved)
         return self.window(cid, work)
 
@@ -159,13 +177,13 @@ class Windows:
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
         reserved: int = 0,
-        pruned: int = 0,
+        pruned: range = range(0),
     ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window.
 
-        ``pruned``: the positions from the pinned head up to there are absent (an agent
-        state whose front was pruned): a plan that needs records from further back than
-        the state checks reads from there, not below (see :meth:`Demoter.load`).
+        ``pruned``: positions absent after the pinned head (an agent state whose front was
+        pruned): a plan that needs records from further back than the state checks reads
+        from their end, not below (see :meth:`Demoter.load`).
         """
         state = stored or FRESH
         given, reserved = reserved, self._with_summary(state, reserved)
@@ -216,7 +234,7 @@ class Windows:
             # pruned prefix: it was pruned only up to the opener of a window that started
             # there or before, so the opener is after it (and the pinned head's tokens
             # are counted above, from the messages).
-            lo = max(p.needs, min(pruned, view.base))
+            lo = max(p.needs, min(pruned.stop, view.base))
             view = self._views.records(cid, messages, lo, describe)
             p = plan(
                 self.policy,

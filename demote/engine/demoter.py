@@ -287,7 +287,7 @@ class Demoter(Closing):
         describe: Callable[[T], MessageRecord],
         *,
         reserved: int = 0,
-        pruned: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
         """Plan the window, deliver what is pending, commit, return the window.
 
@@ -298,11 +298,11 @@ class Demoter(Closing):
             reserved: Tokens the model is sent besides these messages that count toward
                 a token limit (an agent's system prompt and tool definitions); the
                 window leaves room for them. Ignored in other units.
-            pruned: Positions from the pinned head up to this index are absent (pruned
+            pruned: Positions absent from ``messages``, right after its pinned head (pruned
                 once the hook accepted them, positions kept); the load reads none of them.
 
         Raises:
-            ConfigError: ``reserved`` or ``pruned`` is not an int ``>= 0``.
+            ConfigError: ``reserved`` is not an int ``>= 0``, or ``pruned`` no range.
         """
         return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved, pruned))
 
@@ -313,7 +313,7 @@ class Demoter(Closing):
         describe: Callable[[T], MessageRecord],
         *,
         reserved: int = 0,
-        pruned: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited."""
         flow = self._loader.flow(conversation_id, messages, describe, reserved, pruned)

@@ -4,7 +4,8 @@ LangChain's own ``test_agent_hooks_run_once_with_multiple_model_calls`` (agent h
 per ``invoke``, model hooks at every one of its model calls) and a run that interrupts
 for a human and is resumed, each on a checkpointed thread whose window cuts inside the
 tool turns, sync and async. Each must run as it does without ``prune_state``, send the
-model the same requests, and prune the checkpoint.
+model the same requests, and prune the checkpoint. And a pruned thread whose state store
+is down degrades (a bounded window, planned after the pruned prefix) instead of failing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import Field
 
-from demote import Demoter, SlidingWindow
+from demote import Backoff, CallbackHook, Demoter, InMemoryStateStore, SlidingWindow
 from langchain_demote import DemotingMiddleware
 
 TURNS = 3
@@ -168,3 +169,54 @@ def test_interrupt_and_resume_when_pruning(flavour: str) -> None:
     assert len(model.seen) == 3 * TURNS
     assert _sent(model) == _sent(kept_model), "pruning changed what the model was sent"
     assert values["demote_pruned"]["removed"] > 0, "the checkpoint was pruned"
+
+
+class FlakyStore(InMemoryStateStore):
+    """An in-memory state store that can be taken down (every call raises)."""
+
+    down = False
+
+    def get(self, conversation_id: str) -> Any:
+        if self.down:
+            raise ConnectionError("state store down")
+        return super().get(conversation_id)
+
+    def compare_and_set(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            raise ConnectionError("state store down")
+        return super().compare_and_set(*args, **kwargs)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_pruned_thread_degrades_when_the_state_store_is_down(flavour: str) -> None:
+    """The chat goes on, bounded, as it does without prune_state; nothing more is pruned."""
+    store = FlakyStore()
+    delivered: list[str] = []
+    hook = CallbackHook(lambda batch: delivered.extend(m.key for m in batch.messages))
+    demoter = Demoter(SlidingWindow.last_messages(4), hook, state=store, retry=Backoff(0, 0))
+    responses = []
+    for t in range(TURNS + 1):
+        responses += [
+            _call("sample_tool_agent", {"query": "first"}, 2 * t),
+            _call("sample_tool_agent", {"query": "second"}, 2 * t + 1),
+            AIMessage(f"answer {t}"),
+        ]
+    model = RecordingModel(responses=responses)
+    agent = create_agent(
+        model=model,
+        tools=[sample_tool_agent],
+        checkpointer=InMemorySaver(),
+        middleware=[DemotingMiddleware(demoter, prune_state=True)],
+    )
+    config = {"configurable": {"thread_id": "down"}}
+    for t in range(TURNS):
+        _run(flavour, agent, {"messages": [HumanMessage(f"Test {t}")]}, config)
+    before = agent.get_state(config).values["demote_pruned"]
+    assert before["removed"] > 0
+    store.down = True
+    out = _run(flavour, agent, {"messages": [HumanMessage("while down")]}, config)
+    assert out["messages"][-1].content == f"answer {TURNS}"
+    for request in model.seen[-3:]:
+        assert 1 <= len(request) <= 4 + 1, "bounded: the window (and an opener)"
+        assert isinstance(request[0], HumanMessage)
+    assert agent.get_state(config).values["demote_pruned"] == before, "nothing committed"
