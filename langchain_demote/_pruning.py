@@ -18,8 +18,8 @@ where the running turn begins is not known then. Window starts only move on, and
 their turns' openers, so every later window's opener is still in the state. The engine,
 though, does not store where the opener is: a load that has not seen it (a new process,
 a new ``invoke`` whose checkpoint gave new message objects) plans again with records from
-further back (``Plan.needs``: from the start). Such a load is told where the pruned
-positions end (``Demoter.load(pruned=p + n)``) and reads from there instead: the anchor
+further back (``Plan.needs``: from the start). Such a load is told which positions were
+pruned (``Demoter.load(pruned=range(p, p + n))``) and reads from their end: the anchor
 at ``p + n`` is not the opener, the opener comes after it, and the turns after the anchor
 are cut as they are in the whole history (in an agent's state a call's results follow it
 at once, so no call before the anchor is answered after it). So the model is sent
@@ -41,6 +41,8 @@ re-seeded from the checkpoint: everything up to the kept anchor was delivered be
 was pruned. There, and only there, a pruned thread can be sent a different window than a
 kept one: a kept thread re-plans its whole history afresh, which may show messages the
 pruned checkpoint no longer has, while a pruned thread's window starts after its anchor.
+A load whose state store is down (a degraded window) is planned from that same seeded
+state, never from position 0, and prunes nothing: nothing it planned was committed.
 """
 
 from __future__ import annotations
