@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._views import (
+    View,
+    ViewCache,
+    after_pruned,
+    replaced_texts,
+    snapshot_plan,
+    trail_at,
+)
 from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
@@ -69,15 +76,11 @@ class Windows:
     ) -> Window[T]:
         """The window of ``messages`` planned from a fresh state (the store is unreadable).
 
-        With ``pruned`` positions absent, from the state they imply instead: everything
-        up to the message right after them (which the prune kept) was delivered.
+        With ``pruned`` positions absent, from the state they imply instead
+        (:func:`~demote.engine._views.after_pruned`).
         """
-        state, lo, pinned_tokens = FRESH, 0, None
-        if pruned and pruned.stop < len(messages):
-            lo = pruned.stop
-            anchor = describe(messages[lo]).fingerprint
-            state = ConversationState(lo + 1, lo + 1, pruned.start, anchor)
-            pinned_tokens = sum(describe(messages[i]).tokens for i in range(pruned.start))
+        seeded, lo, pinned_tokens = after_pruned(messages, describe, pruned)
+        state = seeded or FRESH
         view = self._views.records(cid, messages, lo, describe)
         p = plan(
             self.policy,
@@ -191,7 +194,9 @@ class Windows:
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
             # (planned, bounded, placeholders and all), change nothing.
-            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
+            p, view, summary = snapshot_plan(
+                self.policy, messages, describe, state, reserved, pruned
+            )
             stale = Work(messages, stored, p, view, state, False, False, reserved=given)
             return self.window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
