@@ -45,15 +45,24 @@ class Load:
     messages: Sequence[BaseMessage]
     describe: Callable[[BaseMessage], MessageRecord]
     reserved: int = 0  # tokens of the system message and tools
+    pruned: range = range(0)  # positions pruned from the messages
 
     def run_sync(self) -> Window[BaseMessage]:
         return self.demoter.load(
-            self.conversation_id, self.messages, self.describe, reserved=self.reserved
+            self.conversation_id,
+            self.messages,
+            self.describe,
+            reserved=self.reserved,
+            pruned=self.pruned,
         )
 
     async def run_async(self) -> Window[BaseMessage]:
         return await self.demoter.aload(
-            self.conversation_id, self.messages, self.describe, reserved=self.reserved
+            self.conversation_id,
+            self.messages,
+            self.describe,
+            reserved=self.reserved,
+            pruned=self.pruned,
         )
 
 

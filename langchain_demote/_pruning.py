@@ -10,14 +10,39 @@ which never goes below the watermark minus one, and a prune removes only message
 ``delivered - 1`` (the message just before the watermark is kept: it is the engine's
 anchor for rewrite detection), so the pruned positions are never read.
 
+The opener. When the window starts inside a turn, the model is sent the turn's opening
+user message in front of the kept steps. A prune keeps it: it stops below the opener of
+the window it follows, and when the window shows no opener and does not start at a user
+message either (it is empty, or its turn has no user message), it prunes nothing, since
+where the running turn begins is not known then. Window starts only move on, and so do
+their turns' openers, so every later window's opener is still in the state. The engine,
+though, does not store where the opener is: a load that has not seen it (a new process,
+a new ``invoke`` whose checkpoint gave new message objects) plans again with records from
+further back (``Plan.needs``: from the start). Such a load is told which positions were
+pruned (``Demoter.load(pruned=range(p, p + n))``) and reads from their end: the anchor
+at ``p + n`` is not the opener, the opener comes after it, and the turns after the anchor
+are cut as they are in the whole history (in an agent's state a call's results follow it
+at once, so no call before the anchor is answered after it). So the model is sent
+exactly what it is sent without ``prune_state``.
+
+Why not the other designs: the demotion state's ``offset`` would have to be written by
+every prune and would not rewind with the checkpoint under time travel; keeping the
+opener's position (or the opener itself) in the checkpoint adds a second record of what
+the engine already finds, and a copy to keep true when the opener is edited.
+
 Where the count lives: in the checkpoint, written by the same ``Command`` that removes the
 messages. Removal and count are therefore one atomic state update, are per thread by
 construction, survive restarts with a durable checkpointer, and rewind together under
 LangGraph time travel. (The count cannot be derived from the demotion state alone: the
 watermark moves on after a prune, and the next prune happens one model call later.) If
 the demotion state does not cover the pruned prefix (a non-durable state store after a
-restart, ``Demoter.clear``), it is re-seeded from the checkpoint: everything up to the
-kept anchor was delivered before it was pruned.
+restart, ``Demoter.clear``, time travel to a checkpoint before the window start), it is
+re-seeded from the checkpoint: everything up to the kept anchor was delivered before it
+was pruned. There, and only there, a pruned thread can be sent a different window than a
+kept one: a kept thread re-plans its whole history afresh, which may show messages the
+pruned checkpoint no longer has, while a pruned thread's window starts after its anchor.
+A load whose state store is down (a degraded window) is planned from that same seeded
+state, never from position 0, and prunes nothing: nothing it planned was committed.
 """
 
 from __future__ import annotations
@@ -32,6 +57,7 @@ from demote.engine import Demoter, Window
 from demote.errors import DemoteError
 from demote.records import ConversationState, MessageRecord
 from langchain_demote._preparation import Call
+from langchain_demote.messages import message_role
 
 __all__ = ["PRUNED_KEY", "PrunedPrefix", "PrunedView", "prune_update", "reconcile"]
 
@@ -108,9 +134,16 @@ def prune_update(
     window), and the opener of a window that starts inside a turn is before it; the
     prune stops below both.
     """
+    if window.degraded:
+        return None  # the store is down: nothing was committed, so nothing is pruned
     limit = min(window.delivered, window.start)
     if window.opener_index is not None:
         limit = min(limit, window.opener_index)
+    elif not (window.messages and message_role(window.messages[0]) == "user"):
+        # The window shows neither the running turn's opener nor a turn's start (it is
+        # empty, or the turn has no user message): where that turn begins is not known
+        # here, so nothing is pruned until a window shows it.
+        return None
     if limit <= len(window.pinned):
         return None  # nothing delivered yet
     pinned = pruned["pinned"] if pruned else len(window.pinned)
@@ -152,7 +185,12 @@ def reconcile(
             f"conversation {cid!r}: the agent state is shorter than its pruned prefix"
         )
     d = demoter
-    s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+    try:
+        s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+    except Exception:
+        if d.on_store_error == "raise":
+            raise
+        return  # the store is down: the load degrades, planned after the pruned prefix
     if (
         s.pinned == pinned
         and floor < s.window_start <= len(view)
@@ -175,4 +213,8 @@ def reconcile(
         cid,
         floor,
     )
-    yield Call(d.seed, d.aseed, (cid, seeded))
+    try:
+        yield Call(d.seed, d.aseed, (cid, seeded))
+    except Exception:
+        if d.on_store_error == "raise":
+            raise

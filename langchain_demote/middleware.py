@@ -404,15 +404,17 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         cid = self._conversation(request)
         messages: Sequence[BaseMessage] = request.messages
         pruned = cast("PrunedPrefix | None", request.state.get(PRUNED_KEY))
+        absent = range(0)
         if pruned and pruned["removed"]:
             messages = PrunedView(messages, pruned["pinned"], pruned["removed"])
+            absent = range(pruned["pinned"], pruned["pinned"] + pruned["removed"])
             yield from reconcile(
                 self.demoter, self._describe, cid, messages, pruned["pinned"], pruned["removed"]
             )
 
         reserved = self._reserved(request)
         window: Window[BaseMessage] = yield Load(
-            self.demoter, cid, messages, self._describe, reserved
+            self.demoter, cid, messages, self._describe, reserved, absent
         )
         sent = render_window(window)
         events = list(window.events)

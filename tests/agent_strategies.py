@@ -11,6 +11,12 @@ step of a request, and only when :func:`agent_scripts` is asked for it).
 :func:`events` turns a script into what a custom agent loop does to its history: add a
 message, read the history at an interrupt, or call the model. :func:`agent_policies`
 draws every eviction strategy, every unit, and optionally clearing.
+
+For whole ``create_agent`` runs on a checkpointed thread, :func:`thread_actions` draws what
+happens to the thread: turns (:class:`TurnSpec`: tool steps, parallel calls, calls a human
+approves or rejects, a second human message), time travel to an earlier turn boundary
+(:class:`Travel`) or into a turn (:class:`Replay`), and restarts (:class:`Restart`);
+:func:`pruning_policies` draws small windows that cut inside those turns.
 """
 
 from __future__ import annotations
@@ -35,7 +41,23 @@ from bench.agent_traces import AgentTrace, Request, Step, text_of
 from demote import Bulk, Compact, PerItem, SlidingWindow
 from demote.window.policy import ClearToolResults
 
-__all__ = ["AgentScript", "agent_policies", "agent_scripts", "events", "streamed"]
+__all__ = [
+    "AgentScript",
+    "Replay",
+    "Restart",
+    "ThreadAction",
+    "ToolCallSpec",
+    "Travel",
+    "TurnSpec",
+    "agent_policies",
+    "agent_scripts",
+    "events",
+    "pruning_policies",
+    "streamed",
+    "thread_actions",
+    "tool_call_specs",
+    "turn_specs",
+]
 
 Decision = Literal["approve", "reject", "abandon"]
 Event = tuple[Literal["add", "read", "call"], BaseMessage | None]
@@ -253,5 +275,146 @@ def agent_policies(draw: st.DrawFn, *, clearing: bool | None = None) -> SlidingW
             keep=draw(st.integers(0, 3)),
             exclude=tuple(draw(st.lists(st.sampled_from(TOOL_NAMES), max_size=1))),
             clear_at_least=draw(st.integers(0, 300)),
+        )
+    return SlidingWindow(unit=unit, limit=limit, eviction=eviction, clearing=stage)
+
+
+# -- whole agent runs on a checkpointed thread (create_agent), for differential tests ------
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """One tool call a scripted model makes: which tool, how long its result, the verdict.
+
+    ``tool`` is ``"echo"`` (runs at once) or ``"risky"`` (a human approves or rejects it
+    first: the run interrupts and is resumed with ``decision``).
+    """
+
+    tool: Literal["echo", "risky"]
+    size: int
+    decision: Literal["approve", "reject"] = "approve"
+
+
+@dataclass(frozen=True)
+class TurnSpec:
+    """One ``invoke``: its human messages (two: an interjection), the steps, the answer.
+
+    Each step is one assistant message whose calls (one, or several in parallel) the tool
+    node answers.
+    """
+
+    humans: tuple[str, ...]
+    steps: tuple[tuple[ToolCallSpec, ...], ...]
+    answer: str
+
+
+@dataclass(frozen=True)
+class Travel:
+    """Time travel: continue the thread from its ``back``-th newest turn boundary."""
+
+    back: int
+    turn: TurnSpec
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Time travel inside a turn: re-run from the ``back``-th newest checkpoint whose next
+    node is the model (``invoke(None, that_config)``), the model taking ``steps`` from there.
+    """
+
+    back: int
+    turn: TurnSpec
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A new process: a fresh Demoter and middleware on the same durable state store and
+    checkpointer."""
+
+
+ThreadAction = TurnSpec | Travel | Replay | Restart
+
+
+@st.composite
+def tool_call_specs(draw: st.DrawFn, *, hitl: bool = True) -> ToolCallSpec:
+    """One call: mostly ``echo``; with ``hitl``, sometimes a ``risky`` one to approve."""
+    risky = hitl and draw(st.integers(0, 4)) == 0
+    return ToolCallSpec(
+        "risky" if risky else "echo",
+        draw(st.integers(0, 60)),
+        draw(st.sampled_from(["approve", "approve", "reject"])),
+    )
+
+
+@st.composite
+def turn_specs(draw: st.DrawFn, *, max_steps: int = 5, hitl: bool = True) -> TurnSpec:
+    """One turn: one human message (sometimes two), 0 to ``max_steps`` tool steps."""
+    n = draw(st.integers(0, 10**6))
+    humans = (f"request {n}: " + text_of(random.Random(n), draw(st.integers(1, 40))),)
+    if draw(st.integers(0, 4)) == 0:
+        humans = (*humans, f"also, request {n}b: " + text_of(random.Random(-n), 12))
+    steps = draw(
+        st.lists(
+            st.lists(tool_call_specs(hitl=hitl), min_size=1, max_size=3).map(tuple),
+            max_size=max_steps,
+        )
+    )
+    return TurnSpec(humans, tuple(steps), f"answer {n}: " + text_of(random.Random(n + 7), 10))
+
+
+@st.composite
+def thread_actions(
+    draw: st.DrawFn,
+    *,
+    max_actions: int = 8,
+    max_steps: int = 5,
+    hitl: bool = True,
+    travel: bool = True,
+    restart: bool = True,
+) -> list[ThreadAction]:
+    """What happens to one agent thread: turns, with time travel and restarts between.
+
+    The first action is a turn; a ``Travel``, ``Replay`` or ``Restart`` comes only after
+    one (the thread then has checkpoints to go back to).
+    """
+    actions: list[ThreadAction] = [draw(turn_specs(max_steps=max_steps, hitl=hitl))]
+    kinds = ["turn", "turn", "turn"]
+    if travel:
+        kinds += ["travel", "replay"]
+    if restart:
+        kinds.append("restart")
+    for _ in range(draw(st.integers(1, max_actions - 1))):
+        kind = draw(st.sampled_from(kinds))
+        turn = draw(turn_specs(max_steps=max_steps, hitl=hitl))
+        if kind == "turn":
+            actions.append(turn)
+        elif kind == "travel":
+            actions.append(Travel(draw(st.integers(1, 3)), turn))
+        elif kind == "replay":
+            actions.append(Replay(draw(st.integers(1, 6)), turn))
+        else:
+            actions.append(Restart())
+    return actions
+
+
+@st.composite
+def pruning_policies(draw: st.DrawFn) -> SlidingWindow:
+    """Small windows (messages or tokens, per item or in bulk) that cut inside tool turns."""
+    unit = draw(st.sampled_from(["messages", "messages", "tokens", "turns"]))
+    limit = draw(
+        {
+            "messages": st.integers(2, 8),
+            "tokens": st.integers(40, 400),
+            "turns": st.integers(1, 2),
+        }[unit]
+    )
+    top = {"messages": 4, "tokens": 150, "turns": 1}[unit]
+    eviction = draw(st.one_of(st.just(PerItem()), st.builds(Bulk, overflow=st.integers(0, top))))
+    stage = None
+    if draw(st.integers(0, 3)) == 0:
+        stage = ClearToolResults(
+            trigger=draw(st.integers(0, 200)),
+            keep=draw(st.integers(0, 2)),
+            clear_at_least=draw(st.integers(0, 100)),
         )
     return SlidingWindow(unit=unit, limit=limit, eviction=eviction, clearing=stage)

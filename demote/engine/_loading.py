@@ -47,7 +47,7 @@ from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
 from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window
-from demote.errors import ArgumentTypeError, HookError
+from demote.errors import ArgumentTypeError, ConfigError, HookError
 from demote.events import Observers
 from demote.records import ConversationState, MessageRecord
 from demote.state.base import validate_conversation_id
@@ -92,6 +92,7 @@ class Loader:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Flow[Window[T]]:
         """One load: steps 1 to 5 (see :mod:`demote.engine.demoter`)."""
         if type(conversation_id) is str and conversation_id in self._views:
@@ -107,6 +108,8 @@ class Loader:
         if not callable(describe):
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
         count("reserved", reserved, minimum=0)
+        if type(pruned) is not range or pruned.step != 1 or pruned.start < 0:
+            raise ConfigError(f"pruned: expected a range of positions, got {pruned!r:.80}")
         tally = self._tally
         with tally.lock:
             tally.loads += 1
@@ -116,13 +119,13 @@ class Loader:
             if self.on_store_error == "raise":
                 raise
             window = self._degradation.window(
-                cid, self._windows.from_history(cid, messages, describe, reserved), exc
+                cid, self._windows.from_history(cid, messages, describe, reserved, pruned), exc
             )
             self._observers.publish(window.events)
             return window
         if self._degradation.since is not None:
             self._degradation.recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved)
+        work = self._windows.prepare(cid, messages, describe, stored, reserved, pruned)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -171,7 +174,7 @@ class Loader:
                     current = yield from delivery.guarded("get", cid)
                 if current != stored:  # it moved on since we read it: plan again
                     replanned = self._windows.prepare(
-                        cid, work.messages, describe, current, work.reserved
+                        cid, work.messages, describe, current, work.reserved, work.pruned
                     )
                     if isinstance(replanned, Window):
                         yield from delivery.release(hold)

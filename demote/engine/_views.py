@@ -39,7 +39,15 @@ from demote.window.clearing import clipped_text, placeholder_text
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import SlidingWindow
 
-__all__ = ["SENT_KEPT", "View", "ViewCache", "replaced_texts", "snapshot_plan", "trail_at"]
+__all__ = [
+    "SENT_KEPT",
+    "View",
+    "ViewCache",
+    "after_pruned",
+    "replaced_texts",
+    "snapshot_plan",
+    "trail_at",
+]
 
 T = TypeVar("T")
 
@@ -256,12 +264,31 @@ def _trail_says(state: ConversationState, index: int, fp: str) -> bool:
     return state.trail[at : at + d] == fp[:d]
 
 
+def after_pruned(
+    messages: Sequence[T], describe: Callable[[T], MessageRecord], pruned: range
+) -> tuple[ConversationState | None, int, int | None]:
+    """The state to plan a fresh history from when ``pruned`` positions are absent.
+
+    Fresh planning reads from position 0; a history whose front was pruned (after the
+    hook accepted it) is planned instead as if everything up to the message right after
+    the absent positions (which the prune kept) was delivered. Returns the state, where
+    to read from and the pinned head's tokens; ``(None, 0, None)`` (a fresh state, read
+    from 0) when nothing is absent.
+    """
+    if not pruned or pruned.stop >= len(messages):
+        return None, 0, None
+    lo = pruned.stop
+    state = ConversationState(lo + 1, lo + 1, pruned.start, describe(messages[lo]).fingerprint)
+    return state, lo, sum(describe(messages[i]).tokens for i in range(pruned.start))
+
+
 def snapshot_plan(
     policy: SlidingWindow,
     messages: Sequence[T],
     describe: Callable[[T], MessageRecord],
     state: ConversationState,
     reserved: int = 0,
+    pruned: range = range(0),
 ) -> tuple[Plan, View, str | None]:
     """The plan, a throwaway view and the summary for a stale copy (nothing is committed).
 
@@ -269,18 +296,22 @@ def snapshot_plan(
     its cut leaves out was demoted); a longer one against the committed state, so it gets
     the committed window (or one further on), ending where it ends, with the opener,
     placeholders and clipped results of its own plan. Either way the copy's window obeys
-    the policy.
+    the policy. Nothing is read from ``pruned`` positions (see :func:`after_pruned`).
     """
     n = len(messages)
-    basis = state if n >= state.window_start else ConversationState()
+    seeded, own_lo, own_pinned = after_pruned(messages, describe, pruned)
+    own = seeded or ConversationState()
+    basis, pinned_tokens = (state, None) if n >= state.window_start else (own, own_pinned)
     lo = needed_from(basis)
     raws = list(messages[lo:])
     view = View(lo, raws, [describe(m) for m in raws])
-    p = plan(policy, basis, view.records, base=lo, reserved=reserved)
+    p = plan(policy, basis, view.records, base=lo, reserved=reserved, pinned_tokens=pinned_tokens)
     if p.rewritten:  # not the committed history after all: its own window
-        raws = list(messages)
-        view = View(0, raws, [describe(m) for m in raws])
-        p = plan(policy, ConversationState(), view.records, reserved=reserved)
+        raws = list(messages[own_lo:])
+        view = View(own_lo, raws, [describe(m) for m in raws])
+        p = plan(
+            policy, own, view.records, base=own_lo, reserved=reserved, pinned_tokens=own_pinned
+        )
     return p, view, state.summary if state.summarized <= n else None
 
 

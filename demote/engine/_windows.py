@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._views import (
+    View,
+    ViewCache,
+    after_pruned,
+    replaced_texts,
+    snapshot_plan,
+    trail_at,
+)
 from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
@@ -65,11 +72,25 @@ class Windows:
         messages: Sequence[T],
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
-        """The window of ``messages`` planned from a fresh state (the store is unreadable)."""
-        view = self._views.records(cid, messages, 0, describe)
-        p = plan(self.policy, FRESH, view.records, base=0, reserved=reserved)
-        target = self._advance(FRESH, p, view)
+        """The window of ``messages`` planned from a fresh state (the store is unreadable).
+
+        With ``pruned`` positions absent, from the state they imply instead
+        (:func:`~demote.engine._views.after_pruned`).
+        """
+        seeded, lo, pinned_tokens = after_pruned(messages, describe, pruned)
+        state = seeded or FRESH
+        view = self._views.records(cid, messages, lo, describe)
+        p = plan(
+            self.policy,
+            state,
+            view.records,
+            base=lo,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+        )
+        target = self._advance(state, p, view)
         work = Work(messages, None, p, view, target, False, False, reserved=reserved)
         return self.window(cid, work)
 
@@ -159,15 +180,23 @@ class Windows:
         describe: Callable[[T], MessageRecord],
         stored: ConversationState | None,
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Work | Window[T]:
-        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
+        """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window.
+
+        ``pruned``: positions absent after the pinned head (an agent state whose front was
+        pruned): a plan that needs records from further back than the state checks reads
+        from their end, not below (see :meth:`Demoter.load`).
+        """
         state = stored or FRESH
         given, reserved = reserved, self._with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
             # (planned, bounded, placeholders and all), change nothing.
-            p, view, summary = snapshot_plan(self.policy, messages, describe, state, reserved)
+            p, view, summary = snapshot_plan(
+                self.policy, messages, describe, state, reserved, pruned
+            )
             stale = Work(messages, stored, p, view, state, False, False, reserved=given)
             return self.window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
@@ -206,8 +235,12 @@ class Windows:
         if p.needs is not None and not p.rewritten:
             # The window starts inside a turn whose opener is before what was read (the
             # state does not store where it is: after a restart, a first load): read back
-            # to it once; the index the plan returns carries it from then on.
-            view = self._views.records(cid, messages, p.needs, describe)
+            # to it once; the index the plan returns carries it from then on. Not below a
+            # pruned prefix: it was pruned only up to the opener of a window that started
+            # there or before, so the opener is after it (and the pinned head's tokens
+            # are counted above, from the messages).
+            lo = max(p.needs, min(pruned.stop, view.base))
+            view = self._views.records(cid, messages, lo, describe)
             p = plan(
                 self.policy,
                 state,
@@ -243,7 +276,9 @@ class Windows:
                 cid,
             )
         known = resynced or state.generation > 0
-        return Work(messages, stored, p, view, target, resynced, known, reserved=given)
+        return Work(
+            messages, stored, p, view, target, resynced, known, reserved=given, pruned=pruned
+        )
 
     def _with_summary(self, state: ConversationState, reserved: int) -> int:
         """``reserved`` plus the committed summary's tokens in a token window.

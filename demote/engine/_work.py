@@ -41,6 +41,7 @@ class Work:
     known: bool  # the hook may hold some of these messages already (re-sync, clear)
     events: list[DemoteEvent] = field(default_factory=list)
     reserved: int = 0  # tokens outside the messages the plan left room for
+    pruned: range = range(0)  # positions absent from the messages (a pruned prefix)
 
     @property
     def changed(self) -> bool:

@@ -198,21 +198,13 @@ class Demoter(Closing):
             tally=self._tally,
         )
         self._degradation = Degradation(self._delivery.breaker, self._observers, self._tally)
-        self._compactor = (
-            None
-            if summarizer is None
-            else Compactor(summarizer, self._delivery, self._observers, self._tally)
-        )
+        parts = (self._delivery, self._observers, self._tally)
+        self._compactor = None if summarizer is None else Compactor(summarizer, *parts)
         self._eraser = Eraser(
             self._delivery, self._compactor, self._views, self._retry, self._tally
         )
         self._windows = Windows(
-            policy,
-            self._views,
-            self.tokens,
-            self._tally,
-            noop=self._noop,
-            summarizer=summarizer,
+            policy, self._views, self.tokens, self._tally, noop=self._noop, summarizer=summarizer
         )
         self._loader = Loader(
             self._windows,
@@ -295,6 +287,7 @@ class Demoter(Closing):
         describe: Callable[[T], MessageRecord],
         *,
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
         """Plan the window, deliver what is pending, commit, return the window.
 
@@ -305,11 +298,13 @@ class Demoter(Closing):
             reserved: Tokens the model is sent besides these messages that count toward
                 a token limit (an agent's system prompt and tool definitions); the
                 window leaves room for them. Ignored in other units.
+            pruned: Positions absent from ``messages``, right after its pinned head (pruned
+                once the hook accepted them, positions kept); the load reads none of them.
 
         Raises:
-            ConfigError: ``reserved`` is not an int ``>= 0``.
+            ConfigError: ``reserved`` is not an int ``>= 0``, or ``pruned`` no range.
         """
-        return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved))
+        return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved, pruned))
 
     async def aload(
         self,
@@ -318,9 +313,11 @@ class Demoter(Closing):
         describe: Callable[[T], MessageRecord],
         *,
         reserved: int = 0,
+        pruned: range = range(0),
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited."""
-        return await drive_async(self._loader.flow(conversation_id, messages, describe, reserved))
+        flow = self._loader.flow(conversation_id, messages, describe, reserved, pruned)
+        return await drive_async(flow)
 
     # -- degraded loads -----------------------------------------------------------------------
 
