@@ -65,7 +65,9 @@ __all__ = [
 
 P = ParamSpec("P")
 
-_Memo = tuple[int, str | None, list[BaseMessage]]
+# The last window: the inner store's length, its last message and that message's
+# fingerprint, and the rendered messages.
+_Memo = tuple[int, BaseMessage | None, str | None, list[BaseMessage]]
 
 
 def _with_note(message: BaseMessage, note: str) -> BaseMessage:
@@ -120,6 +122,11 @@ def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
     left alone. The list is returned as is when nothing dangles; the stored messages are
     never changed.
     """
+    for m in messages:  # most windows have no calls at all: one cheap pass says so
+        if isinstance(m, AIMessage) and m.tool_calls:
+            break
+    else:
+        return messages
     opens: list[tuple[str, ...]] = []
     answers: list[str | None] = []
     names: dict[str, str] = {}
@@ -199,6 +206,9 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self.capture = capture
         self.reserved = count("reserved", reserved, minimum=0)
         self._memo: _Memo | None = None
+        # The message described last and its fingerprint: the engine describes what was
+        # appended, so the memo's tail mark is usually known without describing it again.
+        self._described: tuple[BaseMessage, str] | None = None
         self._length: int | None = None  # inner store length, when known without a read
 
     # -- reading ------------------------------------------------------------------------
@@ -240,23 +250,38 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         return list(await self.inner.aget_messages())
 
     def _describe(self, message: BaseMessage) -> MessageRecord:
-        return to_core(message, self.demoter.describe)
+        record = to_core(message, self.demoter.describe)
+        self._described = (message, record.fingerprint)
+        return record
 
-    def _tail_mark(self, raw: Sequence[BaseMessage]) -> str | None:
-        return self._describe(raw[-1]).fingerprint if raw else None
+    def _tail_mark(self, last: BaseMessage) -> str:
+        """The fingerprint of ``last``, described again only if it was not the last one."""
+        described = self._described
+        if described is not None and described[0] is last:
+            return described[1]
+        return self._describe(last).fingerprint
 
     def _recall(self, raw: Sequence[BaseMessage]) -> list[BaseMessage] | None:
+        """The memo's window, if ``raw`` is the history it was made for (see the module doc).
+
+        The same length and the same last message: the same object (the engine, too,
+        knows a message it has described by identity) or one with the same fingerprint
+        (a store that builds new objects at every read).
+        """
         memo = self._memo
-        self._length = len(raw)
-        if memo is not None and memo[0] == len(raw) and memo[1] == self._tail_mark(raw):
-            return list(memo[2])
-        return None
+        n = self._length = len(raw)
+        if memo is None or memo[0] != n:
+            return None
+        if n and not (raw[-1] is memo[1] or self._tail_mark(raw[-1]) == memo[2]):
+            return None
+        return list(memo[3])
 
     def _remember(
         self, raw: Sequence[BaseMessage], window: Window[BaseMessage]
     ) -> list[BaseMessage]:
         out = render_window(window)
-        self._memo = (len(raw), self._tail_mark(raw), out)
+        last = raw[-1] if raw else None
+        self._memo = (len(raw), last, None if last is None else self._tail_mark(last), out)
         return list(out)
 
     # -- writing ------------------------------------------------------------------------
