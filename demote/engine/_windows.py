@@ -12,11 +12,19 @@ events of what it committed.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from demote.engine._views import View, ViewCache, replaced_texts, snapshot_plan, trail_at
+from demote.engine._views import (
+    View,
+    ViewCache,
+    record_at,
+    replaced_texts,
+    snapshot_plan,
+    trail_at,
+)
 from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
@@ -29,6 +37,8 @@ from demote.window.tokens import TokenCache
 __all__ = ["Windows"]
 
 logger = logging.getLogger("demote")
+
+_TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
 
 T = TypeVar("T")
 
@@ -92,8 +102,8 @@ class Windows:
             records, base = work.view.records, work.view.base
             # The kept messages as stored (a plan's size may count pinned messages, the
             # opener, reserved tokens or placeholders too).
-            after = sum(r.tokens for r in records[new - base :])
-            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
+            after = sum(map(_TOKENS, records[new - base :]))
+            before = after + sum(map(_TOKENS, records[max(old, base) - base : new - base]))
             at = 1 if work.resynced else 0
             work.events.insert(
                 at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
@@ -179,7 +189,7 @@ class Windows:
             if (
                 at is not None
                 and at < len(messages)
-                and index.costs.cost(describe(messages[at])) != tokens
+                and index.costs.cost(record_at(view, messages, at, describe)) != tokens
             ):
                 view.index = None
         pinned_tokens = None
@@ -193,7 +203,9 @@ class Windows:
             # process): their tokens count toward a token limit all the same. The head is
             # shown but lies before what the state checks, so a token window counts it
             # from the messages on every load: an edited system prompt counts as it is.
-            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
+            pinned_tokens = sum(
+                record_at(view, messages, i, describe).tokens for i in range(state.pinned)
+            )
         p = plan(
             self.policy,
             state,
