@@ -106,7 +106,8 @@ class Loader:
             )
         if not callable(describe):
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
-        count("reserved", reserved, minimum=0)
+        if type(reserved) is not int or reserved:  # (the common 0 is valid)
+            count("reserved", reserved, minimum=0)
         tally = self._tally
         with tally.lock:
             tally.loads += 1
