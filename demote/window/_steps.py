@@ -41,9 +41,13 @@ def result_costs(policy: SlidingWindow) -> ResultCosts:
     return ResultCosts(clip, clearing.head_tokens, True, frozenset(clearing.exclude))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cut:
-    """Where the window starts and what it shows (see the matching :class:`Plan` fields)."""
+    """Where the window starts and what it shows (see the matching :class:`Plan` fields).
+
+    Never changed once made (not frozen: a frozen ``__init__`` costs a call per field,
+    on every load).
+    """
 
     window_start: int
     size: int
