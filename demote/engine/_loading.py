@@ -170,7 +170,7 @@ class Loader:
                     current = lease.state
                 else:  # the gate alone: its last holder may have committed since we read
                     current = yield from delivery.guarded("get", cid)
-                if current != stored:  # it moved on since we read it: plan again
+                if current is not stored and current != stored:  # it moved on: plan again
                     replanned = self._windows.prepare(
                         cid, work.messages, describe, current, work.reserved
                     )

@@ -56,6 +56,7 @@ T = TypeVar("T")
 
 # How many fingerprints of messages that left the window a conversation's view remembers.
 _LEFT_KEPT = 64
+_FINGERPRINT = operator.attrgetter("fingerprint")
 # How many records of messages before the view (pinned head, openers) it remembers.
 _OUTSIDE_KEPT = 32
 
@@ -195,7 +196,7 @@ class ViewCache:
                     records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
         left_base, left = (0, ()) if view is None else (view.left_base, view.left)
         if view is not None and 0 < lo - view.base <= len(view.records):
-            left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
+            left = (*left, *map(_FINGERPRINT, view.records[: lo - view.base]))
             left = left[-_LEFT_KEPT:]
             left_base = lo - len(left)
         texts: dict[int, tuple[str, str, str]] = {}

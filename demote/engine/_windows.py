@@ -108,9 +108,10 @@ class Windows:
             work.events.insert(
                 at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
             )
-        cleared = self._cleared_event(cid, work, prev)
-        if cleared is not None:
-            work.events.append(cleared)
+        if work.plan.placeholders or work.plan.clipped:
+            cleared = self._cleared_event(cid, work, prev)
+            if cleared is not None:
+                work.events.append(cleared)
 
     def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
         """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
@@ -172,7 +173,9 @@ class Windows:
     ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window."""
         state = stored or FRESH
-        given, reserved = reserved, self._with_summary(state, reserved)
+        given = reserved
+        if state.summary is not None:
+            reserved = self._with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
