@@ -131,6 +131,16 @@ class _Sizes:
     def fit(self, limit: int) -> int:
         """The oldest candidate whose window is within ``limit`` (else the newest)."""
         lo, hi = 0, self.n - 1
+        idx = self.idx
+        last = len(idx.starts) - 1
+        if self.unit == "tokens" and self.watermark <= idx.start and last > 1:
+            # The whole groups after the first need no opener and have nothing cleared
+            # before them: their sizes are ``fixed + tokens - tokens_at[t]``, so the
+            # bisection over them is one bisect over the cumulative costs.
+            t = bisect_left(idx.tokens_at, self.fixed + idx.tokens - limit, 1, last)
+            if t < last:
+                return 0 if self.size(0) <= limit else t
+            lo = last  # none of them fits: the newest group's steps
         while lo < hi:
             mid = (lo + hi) // 2
             if self.size(mid) <= limit:
