@@ -78,18 +78,21 @@ def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
         return messages
     opens: list[tuple[str, ...]] = []
     answers: list[str | None] = []
-    names: dict[str, str] = {}
     for m in messages:
-        if isinstance(m, AIMessage) and m.tool_calls:
-            ids = tuple(c.get("id") or "" for c in m.tool_calls)
-            names.update((c.get("id") or "", c["name"]) for c in m.tool_calls)
-            opens.append(ids)
+        if isinstance(m, AIMessage):
+            calls = m.tool_calls
+            opens.append(tuple([c.get("id") or "" for c in calls]) if calls else ())
+            answers.append(None)
         else:
             opens.append(())
-        answers.append(m.tool_call_id if isinstance(m, ToolMessage) else None)
+            answers.append(m.tool_call_id if isinstance(m, ToolMessage) else None)
     gaps = unanswered(opens, answers)
     if not gaps:
         return messages
+    names: dict[str, str] = {}  # (only needed for a stand-in: most windows have none)
+    for m in messages:
+        if isinstance(m, AIMessage):
+            names.update((c.get("id") or "", c["name"]) for c in m.tool_calls)
     out: list[BaseMessage] = []
     done = 0
     for at, missing in gaps:
