@@ -38,11 +38,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
 from langchain_core.chat_history import BaseChatMessageHistory
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage
 
 from demote._checks import check_message, check_messages
 from demote._validate import count
-from demote.engine import Demoter, Window, render_progress, render_summary
+from demote.engine import Demoter, Window
 from demote.engine._erase_flow import Twin, erase_conversation
 from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import EraseReport
@@ -51,7 +51,8 @@ from demote.events import DemoteEvent
 from demote.hooks.base import Capture
 from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
-from demote.window.pairing import UNANSWERED, unanswered
+from demote.window.pairing import UNANSWERED
+from langchain_demote._rendering import answer_dangling, render_window
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.messages import message_text, to_core
 
@@ -65,86 +66,9 @@ __all__ = [
 
 P = ParamSpec("P")
 
-_Memo = tuple[int, str | None, list[BaseMessage]]
-
-
-def _with_note(message: BaseMessage, note: str) -> BaseMessage:
-    """A copy of ``message`` with ``note`` as one more text block at the end."""
-    content = message.content
-    blocks: list[Any] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    )
-    blocks.append({"type": "text", "text": note})
-    return message.model_copy(update={"content": blocks})
-
-
-def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
-    """The messages the model is sent for a window (a new list).
-
-    In order: the pinned system messages; the running summary as one ``SystemMessage``
-    when the window starts at a turn; or, when it starts inside a turn, the turn's opener,
-    with the summary (of the earlier steps) appended to a copy of it as one more text
-    block, a progress note (a system message mid-conversation is refused by some
-    providers, two user messages in a row by others); then the kept messages, each
-    cleared or clipped tool result as a copy whose content is the placeholder text
-    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
-    messages are never changed.
-
-    Args:
-        window: What :meth:`demote.Demoter.load` returned.
-    """
-    out = list(window.pinned)
-    summary, opener = window.summary, window.opener
-    if opener is None:
-        if summary is not None:
-            out.append(SystemMessage(render_summary(summary)))
-    else:
-        out.append(opener if summary is None else _with_note(opener, render_progress(summary)))
-    if not (window.placeholders or window.clipped):
-        out.extend(window.messages)
-        return answer_dangling(out)
-    for i, message in enumerate(window.messages, window.start):
-        text = window.replacement(i)
-        out.append(message if text is None else message.model_copy(update={"content": text}))
-    return answer_dangling(out)
-
-
-def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
-    """``messages`` with a stand-in result for each call that is never answered.
-
-    Providers refuse a tool call without its result once the conversation has moved on
-    (a human-in-the-loop interrupt the user abandoned, then a new question). Each such
-    call gets a :data:`~demote.window.pairing.UNANSWERED` ``ToolMessage``
-    (``status="error"``) right after the results its message did get
-    (:func:`demote.window.pairing.unanswered`); a call at the very end (about to run) is
-    left alone. The list is returned as is when nothing dangles; the stored messages are
-    never changed.
-    """
-    opens: list[tuple[str, ...]] = []
-    answers: list[str | None] = []
-    names: dict[str, str] = {}
-    for m in messages:
-        if isinstance(m, AIMessage) and m.tool_calls:
-            ids = tuple(c.get("id") or "" for c in m.tool_calls)
-            names.update((c.get("id") or "", c["name"]) for c in m.tool_calls)
-            opens.append(ids)
-        else:
-            opens.append(())
-        answers.append(m.tool_call_id if isinstance(m, ToolMessage) else None)
-    gaps = unanswered(opens, answers)
-    if not gaps:
-        return messages
-    out: list[BaseMessage] = []
-    done = 0
-    for at, missing in gaps:
-        out.extend(messages[done:at])
-        out.extend(
-            ToolMessage(UNANSWERED, tool_call_id=c, name=names.get(c), status="error")
-            for c in missing
-        )
-        done = at
-    out.extend(messages[done:])
-    return out
+# The last window: the inner store's length, its last message and that message's
+# fingerprint, and the rendered messages.
+_Memo = tuple[int, BaseMessage | None, str | None, list[BaseMessage]]
 
 
 class DemotingChatMessageHistory(BaseChatMessageHistory):
@@ -199,6 +123,9 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         self.capture = capture
         self.reserved = count("reserved", reserved, minimum=0)
         self._memo: _Memo | None = None
+        # The message described last and its fingerprint: the engine describes what was
+        # appended, so the memo's tail mark is usually known without describing it again.
+        self._described: tuple[BaseMessage, str] | None = None
         self._length: int | None = None  # inner store length, when known without a read
 
     # -- reading ------------------------------------------------------------------------
@@ -240,23 +167,38 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         return list(await self.inner.aget_messages())
 
     def _describe(self, message: BaseMessage) -> MessageRecord:
-        return to_core(message, self.demoter.describe)
+        record = to_core(message, self.demoter.describe)
+        self._described = (message, record.fingerprint)
+        return record
 
-    def _tail_mark(self, raw: Sequence[BaseMessage]) -> str | None:
-        return self._describe(raw[-1]).fingerprint if raw else None
+    def _tail_mark(self, last: BaseMessage) -> str:
+        """The fingerprint of ``last``, described again only if it was not the last one."""
+        described = self._described
+        if described is not None and described[0] is last:
+            return described[1]
+        return self._describe(last).fingerprint
 
     def _recall(self, raw: Sequence[BaseMessage]) -> list[BaseMessage] | None:
+        """The memo's window, if ``raw`` is the history it was made for (see the module doc).
+
+        The same length and the same last message: the same object (the engine, too,
+        knows a message it has described by identity) or one with the same fingerprint
+        (a store that builds new objects at every read).
+        """
         memo = self._memo
-        self._length = len(raw)
-        if memo is not None and memo[0] == len(raw) and memo[1] == self._tail_mark(raw):
-            return list(memo[2])
-        return None
+        n = self._length = len(raw)
+        if memo is None or memo[0] != n:
+            return None
+        if n and not (raw[-1] is memo[1] or self._tail_mark(raw[-1]) == memo[2]):
+            return None
+        return list(memo[3])
 
     def _remember(
         self, raw: Sequence[BaseMessage], window: Window[BaseMessage]
     ) -> list[BaseMessage]:
         out = render_window(window)
-        self._memo = (len(raw), self._tail_mark(raw), out)
+        last = raw[-1] if raw else None
+        self._memo = (len(raw), last, None if last is None else self._tail_mark(last), out)
         return list(out)
 
     # -- writing ------------------------------------------------------------------------

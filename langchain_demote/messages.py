@@ -138,7 +138,7 @@ def message_text(message: BaseMessage) -> str:
 
 
 def _opens(message: BaseMessage) -> tuple[str, ...]:
-    if not isinstance(message, AIMessage):
+    if not isinstance(message, AIMessage) or not (message.tool_calls or message.invalid_tool_calls):
         return ()
     calls: list[Any] = [*message.tool_calls, *message.invalid_tool_calls]
     return tuple(call["id"] for call in calls if call.get("id"))

@@ -120,8 +120,16 @@ def answer_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
     its message did get (:func:`demote.window.pairing.unanswered`). The list is returned
     as is when nothing dangles; the stored messages are never changed.
     """
+    for m in messages:  # most windows have no calls at all: one cheap pass says so
+        blocks = m.blocks
+        if "tool_calls" in m.additional_kwargs or not (
+            len(blocks) == 1 and type(blocks[0]) is TextBlock
+        ):
+            break
+    else:
+        return messages
     opens = [opened_calls(m) for m in messages]
-    if not any(opens):  # most windows: no calls at all
+    if not any(opens):
         return messages
     gaps = unanswered(opens, [answered_call(m) for m in messages])
     if not gaps:

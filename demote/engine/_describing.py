@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from demote.errors import ArgumentTypeError, ConfigError
-from demote.records import ROLES, MessageRecord, Role, fingerprint, parts_digest
+from demote.records import ROLES, MessageRecord, fingerprint, parts_digest
 from demote.window.tokens import TokenCache
 
 __all__ = ["describe_message"]
@@ -62,6 +62,9 @@ def describe_message(
         raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
     if to_data is not None and not callable(to_data):
         raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
-    fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
+    fp = fingerprint(
+        role, text, opens, answers, parts_digest(calls, blocks) if calls or blocks else None
+    )
     counted = tokens.count(fp, text, calls=calls, blocks=blocks, answers=answers, message=message)
-    return MessageRecord(cast("Role", role), text, fp, counted, opens, answers, tool, to_data)
+    # The role was checked against ROLES above (typing.cast would cost a call per message).
+    return MessageRecord(role, text, fp, counted, opens, answers, tool, to_data)  # type: ignore[arg-type]

@@ -107,7 +107,8 @@ class Loader:
             )
         if not callable(describe):
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
-        count("reserved", reserved, minimum=0)
+        if type(reserved) is not int or reserved:  # (the common 0 is valid)
+            count("reserved", reserved, minimum=0)
         if type(pruned) is not range or pruned.step != 1 or pruned.start < 0:
             raise ConfigError(f"pruned: expected a range of positions, got {pruned!r:.80}")
         tally = self._tally
@@ -172,7 +173,7 @@ class Loader:
                     current = lease.state
                 else:  # the gate alone: its last holder may have committed since we read
                     current = yield from delivery.guarded("get", cid)
-                if current != stored:  # it moved on since we read it: plan again
+                if current is not stored and current != stored:  # it moved on: plan again
                     replanned = self._windows.prepare(
                         cid, work.messages, describe, current, work.reserved, work.pruned
                     )

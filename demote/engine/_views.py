@@ -10,7 +10,10 @@ correctness.
 
 A view also caches the texts the model is sent instead of cleared or clipped tool results
 (:func:`replaced_texts`), by position and fingerprint, so a window with many placeholders
-does not hash a dedup key per placeholder on every load.
+does not hash a dedup key per placeholder on every load; and, by position and identity, the
+records of the few messages before it that a load reads all the same (the pinned head a
+token window counts, the opener of a window that starts inside a turn:
+:func:`record_at`), so a load describes only what was appended.
 
 *Sent* records remember, per conversation, which (position, fingerprint) pairs this
 process delivered, so a re-synced history (a rewrite, a fork from an earlier checkpoint)
@@ -44,6 +47,7 @@ __all__ = [
     "View",
     "ViewCache",
     "after_pruned",
+    "record_at",
     "replaced_texts",
     "snapshot_plan",
     "trail_at",
@@ -53,6 +57,9 @@ T = TypeVar("T")
 
 # How many fingerprints of messages that left the window a conversation's view remembers.
 _LEFT_KEPT = 64
+_FINGERPRINT = operator.attrgetter("fingerprint")
+# How many records of messages before the view (pinned head, openers) it remembers.
+_OUTSIDE_KEPT = 32
 
 #: How many delivered positions per conversation a process remembers (newest kept).
 SENT_KEPT = 1024
@@ -69,6 +76,8 @@ class View:
     back to the planner while the messages it covers are the same objects. ``texts``
     maps a position to ``(fingerprint, kind, text)``: a placeholder or clipped text made
     for the record there (shared by the views that follow, checked by fingerprint).
+    ``outside`` maps a position before ``base`` to ``(message, record)``: the record of
+    a message read there (shared by the views that follow, checked by identity).
     """
 
     base: int
@@ -78,6 +87,7 @@ class View:
     left_base: int = 0
     left: tuple[str, ...] = ()
     texts: dict[int, tuple[str, str, str]] = field(default_factory=dict)
+    outside: dict[int, tuple[Any, MessageRecord]] = field(default_factory=dict)
 
 
 def _short(fp: str) -> int:
@@ -187,7 +197,7 @@ class ViewCache:
                     records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
         left_base, left = (0, ()) if view is None else (view.left_base, view.left)
         if view is not None and 0 < lo - view.base <= len(view.records):
-            left = (*left, *(r.fingerprint for r in view.records[: lo - view.base]))
+            left = (*left, *map(_FINGERPRINT, view.records[: lo - view.base]))
             left = left[-_LEFT_KEPT:]
             left_base = lo - len(left)
         texts: dict[int, tuple[str, str, str]] = {}
@@ -195,7 +205,10 @@ class ViewCache:
             texts = view.texts
             if len(texts) > len(records):  # positions that left the view
                 texts = {i: t for i, t in texts.items() if i >= lo}
-        view = View(lo, raws, records, index, left_base, left, texts)
+        outside: dict[int, tuple[Any, MessageRecord]] = {}
+        if view is not None and view.outside and len(view.outside) <= _OUTSIDE_KEPT:
+            outside = view.outside
+        view = View(lo, raws, records, index, left_base, left, texts, outside)
         with self._lock:
             views = self._views
             views[conversation_id] = view
@@ -233,6 +246,26 @@ class ViewCache:
                 return view.left[j] == fp
         # This process has not seen it: the committed trail tells, as far as it reaches.
         return n < state.window_start and _trail_says(state, i, fp)
+
+
+def record_at(
+    view: View, messages: Sequence[T], at: int, describe: Callable[[T], MessageRecord]
+) -> MessageRecord:
+    """The record of ``messages[at]``: the view's, or described once while it is the same object.
+
+    For the messages before the view that a load reads anyway (the pinned head, an
+    opener): a replaced message is described again, as the view's own records are.
+    """
+    message = messages[at]
+    i = at - view.base
+    if 0 <= i < len(view.raws) and view.raws[i] is message:
+        return view.records[i]
+    hit = view.outside.get(at)
+    if hit is not None and hit[0] is message:
+        return hit[1]
+    record = describe(message)
+    view.outside[at] = (message, record)
+    return record
 
 
 def trail_at(state: ConversationState, start: int, pinned: int, view: View) -> str:

@@ -12,6 +12,7 @@ events of what it committed.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from demote.engine._views import (
     View,
     ViewCache,
     after_pruned,
+    record_at,
     replaced_texts,
     snapshot_plan,
     trail_at,
@@ -36,6 +38,8 @@ from demote.window.tokens import TokenCache
 __all__ = ["Windows"]
 
 logger = logging.getLogger("demote")
+
+_TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
 
 T = TypeVar("T")
 
@@ -113,15 +117,16 @@ class Windows:
             records, base = work.view.records, work.view.base
             # The kept messages as stored (a plan's size may count pinned messages, the
             # opener, reserved tokens or placeholders too).
-            after = sum(r.tokens for r in records[new - base :])
-            before = after + sum(r.tokens for r in records[max(old, base) - base : new - base])
+            after = sum(map(_TOKENS, records[new - base :]))
+            before = after + sum(map(_TOKENS, records[max(old, base) - base : new - base]))
             at = 1 if work.resynced else 0
             work.events.insert(
                 at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
             )
-        cleared = self._cleared_event(cid, work, prev)
-        if cleared is not None:
-            work.events.append(cleared)
+        if work.plan.placeholders or work.plan.clipped:
+            cleared = self._cleared_event(cid, work, prev)
+            if cleared is not None:
+                work.events.append(cleared)
 
     def _cleared_event(self, cid: str, work: Work, prev: ConversationState) -> DemoteEvent | None:
         """``cleared``: tool results this commit first sends as placeholders (or clipped)."""
@@ -189,7 +194,9 @@ class Windows:
         from their end, not below (see :meth:`Demoter.load`).
         """
         state = stored or FRESH
-        given, reserved = reserved, self._with_summary(state, reserved)
+        given = reserved
+        if state.summary is not None:
+            reserved = self._with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
@@ -208,7 +215,7 @@ class Windows:
             if (
                 at is not None
                 and at < len(messages)
-                and index.costs.cost(describe(messages[at])) != tokens
+                and index.costs.cost(record_at(view, messages, at, describe)) != tokens
             ):
                 view.index = None
         pinned_tokens = None
@@ -222,7 +229,9 @@ class Windows:
             # process): their tokens count toward a token limit all the same. The head is
             # shown but lies before what the state checks, so a token window counts it
             # from the messages on every load: an edited system prompt counts as it is.
-            pinned_tokens = sum(describe(messages[i]).tokens for i in range(state.pinned))
+            pinned_tokens = sum(
+                record_at(view, messages, i, describe).tokens for i in range(state.pinned)
+            )
         p = plan(
             self.policy,
             state,

@@ -41,9 +41,13 @@ def result_costs(policy: SlidingWindow) -> ResultCosts:
     return ResultCosts(clip, clearing.head_tokens, True, frozenset(clearing.exclude))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cut:
-    """Where the window starts and what it shows (see the matching :class:`Plan` fields)."""
+    """Where the window starts and what it shows (see the matching :class:`Plan` fields).
+
+    Never changed once made (not frozen: a frozen ``__init__`` costs a call per field,
+    on every load).
+    """
 
     window_start: int
     size: int
@@ -127,6 +131,16 @@ class _Sizes:
     def fit(self, limit: int) -> int:
         """The oldest candidate whose window is within ``limit`` (else the newest)."""
         lo, hi = 0, self.n - 1
+        idx = self.idx
+        last = len(idx.starts) - 1
+        if self.unit == "tokens" and self.watermark <= idx.start and last > 1:
+            # The whole groups after the first need no opener and have nothing cleared
+            # before them: their sizes are ``fixed + tokens - tokens_at[t]``, so the
+            # bisection over them is one bisect over the cumulative costs.
+            t = bisect_left(idx.tokens_at, self.fixed + idx.tokens - limit, 1, last)
+            if t < last:
+                return 0 if self.size(0) <= limit else t
+            lo = last  # none of them fits: the newest group's steps
         while lo < hi:
             mid = (lo + hi) // 2
             if self.size(mid) <= limit:

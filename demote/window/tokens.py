@@ -220,6 +220,8 @@ def billed_tokens(
         The count, :data:`MESSAGE_OVERHEAD` included.
     """
     total = _checked(counter(text)) + MESSAGE_OVERHEAD
+    if not (calls or blocks or answers):  # most messages: the text alone
+        return total
     ids: set[str] = set()
     for call in calls:
         ids.add(str(call.get("id")))

@@ -43,3 +43,30 @@ def test_a_call_at_the_end_is_about_to_run_and_nothing_is_added() -> None:
     assert answer_dangling(messages) is messages
     whole = [HumanMessage("go"), call("a"), ToolMessage("done", tool_call_id="a")]
     assert answer_dangling(whole) is whole
+
+
+def test_stand_ins_name_their_tool_and_a_call_without_an_id_gets_one_too() -> None:
+    searched = AIMessage(
+        "",
+        tool_calls=[
+            {"id": "x", "name": "search", "args": {}},
+            {"id": None, "name": "fetch", "args": {}},
+        ],
+    )
+    asked = AIMessage("", tool_calls=[{"id": "y", "name": "ask", "args": {}}])
+    messages = [
+        HumanMessage("go"),
+        searched,
+        ToolMessage("r", tool_call_id="x"),
+        asked,
+        HumanMessage("next"),
+    ]
+    sent = answer_dangling(messages)
+    assert sent[:3] == messages[:3] and sent[4] is asked and sent[-1] is messages[-1]
+    stand_ins = [sent[3], sent[5]]
+    assert [(m.tool_call_id, m.name, m.content) for m in stand_ins] == [
+        ("", "fetch", UNANSWERED),
+        ("y", "ask", UNANSWERED),
+    ]
+    plain = [HumanMessage("a"), AIMessage("b")]
+    assert answer_dangling(plain) is plain, "nothing dangles: the list itself"

@@ -97,6 +97,64 @@ def test_window_is_memoised_until_messages_are_added(tmp_path: Path, kind: str) 
     assert len(history.all_messages) == 11
 
 
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_the_memo_sees_a_changed_history_of_the_same_length(tmp_path: Path, kind: str) -> None:
+    """The memo is keyed on the length and the last message (its identity, else its
+    fingerprint): a replaced last message, a rewritten history or a clear is seen."""
+    demoter = CountingDemoter(SlidingWindow.last_messages(4), RecordingHook())
+    inner: BaseChatMessageHistory = (
+        InMemoryChatMessageHistory() if kind == "memory" else FileChatMessageHistory(tmp_path / "h")
+    )
+    history = DemotingChatMessageHistory(inner, demoter, "memo")
+    for i in range(3):
+        history.add_messages(turn(i))
+    assert to_pairs(history.messages)[-1] == ("assistant", "a2")
+    assert to_pairs(history.messages)[-1] == ("assistant", "a2") and demoter.loads == 1
+    # The last message replaced by another of the same length of history.
+    kept = inner.messages[:-1]
+    inner.clear()
+    inner.add_messages([*kept, AIMessage("edited")])
+    assert to_pairs(history.messages)[-1] == ("assistant", "edited") and demoter.loads == 2
+    # The whole history rewritten, same length.
+    inner.clear()
+    inner.add_messages([m for i in range(10, 13) for m in turn(i)])
+    assert to_pairs(history.messages) == to_pairs([*turn(11), *turn(12)])
+    assert demoter.loads == 3
+    # Cleared, then as long as before again with other messages.
+    history.clear()
+    assert history.messages == []
+    for i in range(20, 23):
+        history.add_messages(turn(i))
+    assert to_pairs(history.messages) == to_pairs([*turn(21), *turn(22)])
+
+
+def test_a_store_that_builds_new_objects_keeps_the_memo() -> None:
+    """A store whose every read makes new messages (a file, SQL) still hits the memo: the
+    last message is compared by fingerprint when it is not the same object."""
+    demoter = CountingDemoter(SlidingWindow.last_messages(4), RecordingHook())
+
+    class Copying(BaseChatMessageHistory):
+        def __init__(self) -> None:
+            self.store: list[BaseMessage] = []
+
+        @property
+        def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+            return [m.model_copy() for m in self.store]
+
+        def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+            self.store.extend(messages)
+
+        def clear(self) -> None:
+            self.store = []
+
+    inner = Copying()
+    history = DemotingChatMessageHistory(inner, demoter, "copies")
+    for i in range(3):
+        history.add_messages(turn(i))
+    first = history.messages
+    assert history.messages == first and demoter.loads == 1
+
+
 async def test_async_path_awaits_inner_and_engine() -> None:
     demoter = CountingDemoter(SlidingWindow.last_messages(2), RecordingHook())
     history = DemotingChatMessageHistory(AsyncOnlyHistory(), demoter, "async")

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,50 @@ def test_unchanged_messages_are_described_once() -> None:
     msgs += chat(2)
     d.load("c", msgs, describe)
     assert calls == msgs[-2:]
+
+
+def test_a_steady_load_describes_only_what_was_appended() -> None:
+    """The pinned head a token window counts, and the opener of a window that starts
+    inside a turn, lie before the records a load reads: once out of them, they are
+    described once while they stay the same objects, and again once replaced."""
+    d = Demoter(SlidingWindow.last_tokens(60))
+    calls: list[Msg] = []
+
+    def describe(m: Msg) -> Any:
+        calls.append(m)
+        return describer(d)(m)
+
+    steps = [
+        m
+        for n in range(8)
+        for m in (
+            Msg("assistant", f"step {n}", opens=(f"c{n}",)),
+            Msg("tool", f"result {n} " + "r" * 30, answers=f"c{n}"),
+        )
+    ]
+    msgs = unique([Msg("system", "be brief"), Msg("user", "go"), *steps])
+    first = d.load("c", msgs, describe)
+    assert first.opener is msgs[1] and first.start > 2, "the window starts inside the turn"
+    for n in range(8, 12):
+        calls.clear()
+        new = unique(
+            [
+                Msg("assistant", f"step {n}", opens=(f"c{n}",)),
+                Msg("tool", f"result {n} " + "r" * 30, answers=f"c{n}"),
+            ]
+        )
+        msgs += new
+        w = d.load("c", msgs, describe)
+        assert w.opener is msgs[1] and w.pinned == msgs[:1]
+        if n > 8:  # (the first load after them read them from its own records)
+            assert calls == new, "only the appended messages are described"
+    # Replaced (an edit): described again, and counted as they are now.
+    msgs[0] = replace(msgs[0], text=msgs[0].text + " and polite")
+    msgs[1] = replace(msgs[1], text=msgs[1].text + " now")
+    calls.clear()
+    w = d.load("c", msgs, describe)
+    assert msgs[0] in calls and msgs[1] in calls
+    assert w.pinned == msgs[:1] and w.opener is msgs[1]
 
 
 def test_describe_counts_tokens_once_per_distinct_message() -> None:

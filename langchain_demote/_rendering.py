@@ -1,0 +1,106 @@
+"""What the model is sent for a :class:`~demote.Window`, as LangChain messages.
+
+:func:`render_window` is how :class:`~langchain_demote.DemotingChatMessageHistory` and
+:class:`~langchain_demote.DemotingMiddleware` turn a window into messages;
+:func:`answer_dangling` gives each call the conversation moved on from a stand-in result.
+Both are re-exported by :mod:`langchain_demote.history`. Pure: the stored messages are
+never changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+
+from demote.engine import Window, render_progress, render_summary
+from demote.window.pairing import UNANSWERED, unanswered
+
+__all__ = ["answer_dangling", "render_window"]
+
+
+def _with_note(message: BaseMessage, note: str) -> BaseMessage:
+    """A copy of ``message`` with ``note`` as one more text block at the end."""
+    content = message.content
+    blocks: list[Any] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    )
+    blocks.append({"type": "text", "text": note})
+    return message.model_copy(update={"content": blocks})
+
+
+def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
+    """The messages the model is sent for a window (a new list).
+
+    In order: the pinned system messages; the running summary as one ``SystemMessage``
+    when the window starts at a turn; or, when it starts inside a turn, the turn's opener,
+    with the summary (of the earlier steps) appended to a copy of it as one more text
+    block, a progress note (a system message mid-conversation is refused by some
+    providers, two user messages in a row by others); then the kept messages, each
+    cleared or clipped tool result as a copy whose content is the placeholder text
+    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
+    messages are never changed.
+
+    Args:
+        window: What :meth:`demote.Demoter.load` returned.
+    """
+    out = list(window.pinned)
+    summary, opener = window.summary, window.opener
+    if opener is None:
+        if summary is not None:
+            out.append(SystemMessage(render_summary(summary)))
+    else:
+        out.append(opener if summary is None else _with_note(opener, render_progress(summary)))
+    if not (window.placeholders or window.clipped):
+        out.extend(window.messages)
+        return answer_dangling(out)
+    for i, message in enumerate(window.messages, window.start):
+        text = window.replacement(i)
+        out.append(message if text is None else message.model_copy(update={"content": text}))
+    return answer_dangling(out)
+
+
+def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """``messages`` with a stand-in result for each call that is never answered.
+
+    Providers refuse a tool call without its result once the conversation has moved on
+    (a human-in-the-loop interrupt the user abandoned, then a new question). Each such
+    call gets a :data:`~demote.window.pairing.UNANSWERED` ``ToolMessage``
+    (``status="error"``) right after the results its message did get
+    (:func:`demote.window.pairing.unanswered`); a call at the very end (about to run) is
+    left alone. The list is returned as is when nothing dangles; the stored messages are
+    never changed.
+    """
+    for m in messages:  # most windows have no calls at all: one cheap pass says so
+        if isinstance(m, AIMessage) and m.tool_calls:
+            break
+    else:
+        return messages
+    opens: list[tuple[str, ...]] = []
+    answers: list[str | None] = []
+    for m in messages:
+        if isinstance(m, AIMessage):
+            calls = m.tool_calls
+            opens.append(tuple([c.get("id") or "" for c in calls]) if calls else ())
+            answers.append(None)
+        else:
+            opens.append(())
+            answers.append(m.tool_call_id if isinstance(m, ToolMessage) else None)
+    gaps = unanswered(opens, answers)
+    if not gaps:
+        return messages
+    names: dict[str, str] = {}  # (only needed for a stand-in: most windows have none)
+    for m in messages:
+        if isinstance(m, AIMessage):
+            names.update((c.get("id") or "", c["name"]) for c in m.tool_calls)
+    out: list[BaseMessage] = []
+    done = 0
+    for at, missing in gaps:
+        out.extend(messages[done:at])
+        out.extend(
+            ToolMessage(UNANSWERED, tool_call_id=c, name=names.get(c), status="error")
+            for c in missing
+        )
+        done = at
+    out.extend(messages[done:])
+    return out
