@@ -27,10 +27,11 @@ run it. Steps:
    as its reads place it) and put the prefix in front and the instructions after it.
 
 ``ReActAgent`` keeps its steps as text: an assistant message (``Thought: ... Action: ...``)
-and a user message (``Observation: ...``). A step's two messages are described to the
-engine as a call and its result (a call id made of the step's position), so the engine
-cuts between steps and never between an action and its observation, and the task stays
-the opener.
+and a user message (``Observation: ...``); ``CodeActAgent`` sends the output of the code
+an assistant message wrote as a user message (``Result of executing the code given:``).
+A step's two messages are described to the engine as a call and its result (a call id
+made of the step's position), so the engine cuts between steps and never between an
+action and its result, and the task stays the opener.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ from llamaindex_demote._recalling import with_recall
 from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import opened_calls, text_of, to_data
 
-__all__ = ["OBSERVATION", "Prepared", "prepare"]
+__all__ = ["OBSERVATIONS", "Prepared", "prepare"]
 
-#: How ``ReActAgent`` starts the text of an observation (a tool's result).
-OBSERVATION = "Observation:"
+#: How ``ReActAgent`` and ``CodeActAgent`` start the text of a result they send as a user
+#: message (a tool's observation; the output of the code the model wrote).
+OBSERVATIONS = ("Observation:", "Result of executing the code given:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,29 +75,29 @@ class Prepared:
 
 
 def _react_steps(steps: Sequence[ChatMessage], base: int) -> dict[int, tuple[bool, str]]:
-    """``id(message) -> (opens, call id)`` for ReAct's action/observation pairs in ``steps``.
+    """``id(message) -> (opens, call id)`` for the text steps' action/result pairs in ``steps``.
 
-    An observation is a user message whose text starts with :data:`OBSERVATION` right
+    A result is a user message whose text starts with one of :data:`OBSERVATIONS` right
     after an assistant message without tool calls; the pair's call id is
-    ``"react-<position of the action>"`` (stable across the run's requests).
+    ``"step-<position of the action>"`` (stable across the run's requests).
     """
     pairs: dict[int, tuple[bool, str]] = {}
     for i in range(1, len(steps)):
         m, before = steps[i], steps[i - 1]
         if (
             m.role == MessageRole.USER
-            and text_of(m).startswith(OBSERVATION)
+            and text_of(m).startswith(OBSERVATIONS)
             and before.role == MessageRole.ASSISTANT
             and not opened_calls(before)
         ):
-            call = f"react-{base + i - 1}"
+            call = f"step-{base + i - 1}"
             pairs[id(before)] = (True, call)
             pairs[id(m)] = (False, call)
     return pairs
 
 
 def _describer(parts: Parts, steps: Sequence[ChatMessage], base: int) -> Callable[..., Any]:
-    """The memory's ``to_core``, with ReAct's text steps described as calls and results."""
+    """The memory's ``to_core``, with text steps described as calls and results."""
     pairs = _react_steps(steps, base)
     if not pairs:
         return parts.describe
