@@ -200,6 +200,17 @@ def main() -> None:  # pragma: no cover - prints the figures for the README
         print(f"  memory's window after the run (the steps put in): {parts[-1]} tokens")
         print(f"  sent per call: first {sent[0]}, 10th {sent[9]}, last {sent[-1]} tokens")
         print(f"  messages in the last call: {len(seen[-1])}")
+        hook = CountingArchive(Path(tmp) / "wrapped.db")
+        demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook, hook_wait=None)
+        memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="wrapped")
+        seen = []
+        llm = DemotingLLM(tool_loop_llm(seen))
+        agent = FunctionAgent(tools=[fetch], llm=llm, system_prompt="be thorough")
+        asyncio.run(running(agent, TASK, memory, STEPS + 10))
+        sent = [approx_tokens(s) for s in seen]
+        print("  the same run with llm=DemotingLLM(llm):")
+        print(f"  sent per call: first {sent[0]}, 10th {sent[9]}, last {sent[-1]}, max {max(sent)}")
+        print(f"  messages in the last call: {len(seen[-1])}; archived {len(hook.deliveries)}")
 
 
 if __name__ == "__main__":  # pragma: no cover
