@@ -32,7 +32,7 @@ from workflows.context.serializers import JsonSerializer, PickleSerializer
 from demote import Demoter, SlidingWindow
 from demote.records import make_key
 from demote.registry import register, unregister
-from llamaindex_demote import DemotingLLM, DemotingMemory, recall_tool
+from llamaindex_demote import RECALL_PREFIX, DemotingLLM, DemotingMemory, recall_tool
 from llamaindex_demote.messages import text_of, to_core
 from tests.llamaindex_demote.agent_support import (
     TASK,
@@ -182,6 +182,23 @@ def test_recall_tool_finds_what_the_run_archived_while_it_runs(tmp_path: Path) -
     assert all("page 0:" not in text_of(m) for m in seen[-1]), "and not in the request"
 
 
+def test_recall_goes_before_the_opener_with_what_left_the_window(tmp_path: Path) -> None:
+    hook = CountingArchive(tmp_path / "archive.db")
+    demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook, hook_wait=None)
+    memory = DemotingMemory.from_defaults(
+        demoter=demoter, chat_store_key="agent", recall=hook.archive, recall_k=2
+    )
+    seen: list[list[ChatMessage]] = []
+    agent = FunctionAgent(tools=[fetch], llm=DemotingLLM(function_llm(seen, 8)))
+    asyncio.run(run(agent, memory, "Read the report: page w0x5 first, then the rest."))
+    recalled = [s for s in seen if any(text_of(m).startswith(RECALL_PREFIX) for m in s)]
+    assert recalled, "once page 0 left the window, recall brings it back"
+    for sent in recalled:
+        at = next(i for i, m in enumerate(sent) if text_of(m).startswith(RECALL_PREFIX))
+        assert sent[at + 1].role == MessageRole.USER, "right before the question"
+    assert max(hook.deliveries.values()) == 1
+
+
 # -- the other agent shapes ----------------------------------------------------------------
 
 
@@ -229,6 +246,8 @@ def test_code_act_agent_is_bounded(tmp_path: Path) -> None:
     agent = CodeActAgent(code_execute_fn=execute, tools=[fetch], llm=llm, streaming=False)
     asyncio.run(run(agent, memory))
     assert len(seen) == 9
+    for sent in seen:
+        assert sent[0].role == MessageRole.SYSTEM and text_of(sent[1]) == TASK
     assert max(request_tokens(demoter, s) for s in seen) <= LIMIT
     assert demoter.state_of(memory.chat_store_key).window_start > 1
 
