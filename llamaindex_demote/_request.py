@@ -48,7 +48,7 @@ from demote.engine._erase_flow import Twin
 from demote.engine._flow import Flow
 from demote.records import MessageRecord
 from llamaindex_demote._prompt import Parts, assemble
-from llamaindex_demote._reads import Run, find, note_run
+from llamaindex_demote._reads import Run, find, note_run, run_history, stored_part
 from llamaindex_demote._recalling import with_recall
 from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import opened_calls, text_of, to_data
@@ -137,9 +137,14 @@ def prepare(
         k -= 1
     steps, suffix = rest[:k], rest[k:]
     stored: list[ChatMessage] = yield Twin(memory.get_all, memory.aget_all)
+    demoter = parts.demoter
     history = [*stored, *steps]
     describe = _describer(parts, steps, len(stored))
-    demoter = parts.demoter
+    # No steps of its own, inside a run (early stopping's last call): read what the run's
+    # newest call read, as the memory's reads do, and show the stored part.
+    inside = None if steps else run_history(demoter, cid, stored, parts.describe)
+    if inside is not None:
+        history, describe = inside
     reserved = 0
     if demoter.policy.unit == "tokens":
         reserved = sum(parts.describe(m).tokens for m in (*prefix, *suffix))
@@ -147,8 +152,11 @@ def prepare(
     load = functools.partial(demoter.load, cid, history, describe, reserved=reserved)
     aload = functools.partial(demoter.aload, cid, history, describe, reserved=reserved)
     window: Window[ChatMessage] = yield Twin(load, aload)
-    last = parts.describe(stored[-1]).fingerprint if stored else None
-    note_run(Run(demoter, len(stored), last, history, describe), cid)
+    if inside is None:
+        last = parts.describe(stored[-1]).fingerprint if stored else None
+        note_run(Run(demoter, len(stored), last, history, describe), cid)
+    else:
+        window = stored_part(window, len(stored))
     if window.events:
         emit_events(window.events)
     if parts.recall is None:

@@ -133,6 +133,24 @@ def test_function_agent_every_call_is_within_the_limit(
     assert not events.kinds("resynced")
 
 
+def test_early_stopping_call_is_windowed_without_a_resync(tmp_path: Path, events: Collect) -> None:
+    memory, hook, demoter = setup(tmp_path)
+    seen: list[list[ChatMessage]] = []
+    agent = FunctionAgent(
+        tools=[fetch],
+        llm=DemotingLLM(function_llm(seen, 100)),
+        system_prompt=SYSTEM,
+        early_stopping_method="generate",
+    )
+    asyncio.run(run(agent, memory, most=STEPS))
+    last = seen[-1]
+    assert text_of(last[-1]).startswith("You have reached the maximum"), "its instruction last"
+    assert last[-1].role == MessageRole.SYSTEM
+    assert max(request_tokens(demoter, s) for s in seen) <= LIMIT + 100
+    assert not events.kinds("resynced")
+    assert max(hook.deliveries.values()) == 1
+
+
 def test_streaming_run_streams_the_windowed_answer(tmp_path: Path) -> None:
     memory, hook, demoter = setup(tmp_path)
     seen: list[list[ChatMessage]] = []
