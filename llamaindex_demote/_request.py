@@ -19,10 +19,12 @@ run it. Steps:
    instructions and the tool schemas counted as ``reserved`` (in a token window). The
    engine plans the window (cuts at steps inside the run, the opener kept, results
    cleared or clipped, the policy's eviction), hands what left it to the hook once and
-   commits; the memory's own reads inside the run are older, shorter copies of that
-   history and change nothing (the engine serves them their own window), and when the
-   run ends, the memory's next read finds every step where it was numbered: nothing is
-   handed over again;
+   commits. The load is recorded (:func:`llamaindex_demote._reads.note_run`): the
+   memory's own reads inside the run see only the stored history, so they load what
+   this call loaded and show its stored part, changing nothing, and so does a request
+   of the run without steps of its own (``early_stopping_method="generate"``'s last
+   call). When the run ends, the memory's next read finds every step where it was
+   numbered: nothing is handed over again;
 4. render the window as the memory does (:func:`llamaindex_demote._prompt.assemble`, recall
    as its reads place it) and put the prefix in front and the instructions after it.
 
