@@ -12,7 +12,9 @@ fleet) runs on Redis and Postgres too when ``DEMOTE_BENCH_REDIS_URL`` /
 ``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only;
 section 8 (outages) needs them too (``python -m bench --sections outage``). Section 7 reads
 the recorded agent runs from ``../shared/data/agent_traces`` (or ``DEMOTE_AGENT_TRACES``)
-and is skipped, saying why, without them; 7s is the same bench on generated stress traces.
+and is skipped, saying why, without them; 7l replays them through LlamaIndex's
+``FunctionAgent`` (same figures, the LangChain path's demote row beside), 7s is the same
+bench on generated stress traces.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from bench import (  # noqa: E402
     cache_cost,
     capture_scale,
     fleet,
+    llamaindex_agents,
     outage,
     pg_archive,
     recall_cv,
@@ -58,6 +61,7 @@ SECTIONS = {
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
     "7": "agents_real",  # recorded agent runs, replayed through create_agent
+    "7l": "llamaindex_agents",  # the same runs through LlamaIndex's FunctionAgent
     "7s": "agents",  # generated stress traces
     "7b": "step_cost",  # one load as one agent turn grows to 1,000 steps
     "8": "outage",  # each store skipped, and says why, without its service
@@ -109,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(agents_real.report(payload))
             else:  # skipped, saying why
                 print(f"## 7. Agents on recorded runs: skipped, no traces in {traces_dir()}")
+        elif name == "llamaindex_agents":
+            from bench.real_traces import traces_dir
+
+            if traces_dir().is_dir():
+                payload = llamaindex_agents.run(quick=args.quick, out=args.out, quiet=args.quiet)
+                print(llamaindex_agents.report(payload))
+            else:  # skipped, saying why
+                print(f"## 7l. LlamaIndex agents: skipped, no traces in {traces_dir()}")
         elif name == "agents":
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "agent_recall":

@@ -8,6 +8,8 @@ Install with ``pip install 'demote[llamaindex]'``::
     chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
 
 - :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
+- :mod:`llamaindex_demote.llm`: :class:`DemotingLLM`, which bounds every LLM call of an
+  agent run (``FunctionAgent(tools, llm=DemotingLLM(llm))``), the run's own steps included.
 - :mod:`llamaindex_demote.persist`: how a memory is saved and restored (``to_dict``,
   pickle; live parts by the names :mod:`demote.registry` gives them).
 - :mod:`llamaindex_demote.instrumentation`: what each read did, as LlamaIndex
@@ -26,12 +28,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("llama-index-core", "llamaindex") from exc
 
+from llamaindex_demote.llm import DemotingLLM
 from llamaindex_demote.memory import DemotingMemory
 from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
 from llamaindex_demote.summarizer import LLMSummarizer
 from llamaindex_demote.tools import recall_tool
 
 __all__ = [
+    "DemotingLLM",
     "DemotingMemory",
     "LLMSummarizer",
     "RECALL_PREFIX",

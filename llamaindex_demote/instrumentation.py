@@ -21,7 +21,12 @@ Each kind has its own class, all subclasses of :class:`DemotionEvent`:
 ``compaction_failed``      :class:`DemoteCompactionFailedEvent`
 ``recalled``               :class:`DemoteRecalledEvent`
 ``degraded``               :class:`DemoteDegradedEvent`
+``cleared``                :class:`DemoteClearedEvent`
+``overhang``               :class:`DemoteOverhangEvent`
 =========================  ==============================================
+
+:class:`~llamaindex_demote.DemotingLLM` reports the loads it makes at each LLM call of an
+agent run the same way, inside the agent's span.
 
 Compactions run in the background, outside any read: they reach the Demoter's observers
 (:meth:`demote.Demoter.observe`); to see them here too, pass :func:`emit_events` wrapped as
@@ -44,6 +49,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from demote.events import DemoteEvent
 
 __all__ = [
+    "DemoteClearedEvent",
     "DemoteCompactionCommittedEvent",
     "DemoteCompactionFailedEvent",
     "DemoteCompactionStartedEvent",
@@ -51,6 +57,7 @@ __all__ = [
     "DemoteDeliveredEvent",
     "DemoteDeliveryFailedEvent",
     "DemoteDemotedEvent",
+    "DemoteOverhangEvent",
     "DemoteRecalledEvent",
     "DemoteResyncedEvent",
     "DemotionEvent",
@@ -140,6 +147,14 @@ class DemoteDegradedEvent(DemotionEvent):
     """The chat went on without a part of the memory layer that failed (see ``source``)."""
 
 
+class DemoteClearedEvent(DemotionEvent):
+    """Tool results are first sent as placeholders, or clipped (archived first)."""
+
+
+class DemoteOverhangEvent(DemotionEvent):
+    """What cannot be cut alone exceeds the limit, by ``tokens_after`` (every such load)."""
+
+
 _CLASSES: dict[str, type[DemotionEvent]] = {
     "demoted": DemoteDemotedEvent,
     "delivered": DemoteDeliveredEvent,
@@ -150,6 +165,8 @@ _CLASSES: dict[str, type[DemotionEvent]] = {
     "compaction_failed": DemoteCompactionFailedEvent,
     "recalled": DemoteRecalledEvent,
     "degraded": DemoteDegradedEvent,
+    "cleared": DemoteClearedEvent,
+    "overhang": DemoteOverhangEvent,
 }
 
 

@@ -23,7 +23,10 @@ LlamaIndex's agents (``FunctionAgent``, ``ReActAgent``, ``AgentWorkflow``) read 
 before each model call of a run but keep that run's own steps in their scratchpad, which
 they send after the memory's messages and put into memory only when the run ends. So
 across runs the window cuts at steps like every other window; inside one run, what the
-model is sent is the window plus the run's scratchpad, which grows with every tool call.
+model is sent is the window plus the run's scratchpad, which grows with every tool call,
+unless the agent's LLM is wrapped in :class:`~llamaindex_demote.DemotingLLM`: every read
+records what it returned (:mod:`llamaindex_demote._reads`), so that LLM finds the
+conversation in each request and bounds the whole of it, the run's steps included.
 
 Recall sits next to the question rather than at the head, so the prompt prefix (pinned,
 summary, older kept messages) stays byte-identical between calls and provider prompt
@@ -65,6 +68,7 @@ from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
+from llamaindex_demote import _reads as reads
 from llamaindex_demote import persist
 from llamaindex_demote._capturing import capture_users, needs_index
 from llamaindex_demote._defaults import build_demoter, conversation_key
@@ -308,9 +312,9 @@ class DemotingMemory(BaseChatStoreMemory):
             New list; the memory's own messages are the chat store's objects.
         """
         self._check_initial(initial_token_count)
-        if self._p.recall is None:
-            return assemble(self._load())
-        return self._recalling_get(input)
+        out = assemble(self._load()) if self._p.recall is None else self._recalling_get(input)
+        reads.note(self, out, input)
+        return out
 
     async def aget(
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
@@ -318,12 +322,20 @@ class DemotingMemory(BaseChatStoreMemory):
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
         self._check_initial(initial_token_count)
         if self._p.recall is None:
-            return assemble(await self._aload())
-        return await self._arecalling_get(input)
+            out = assemble(await self._aload())
+        else:
+            out = await self._arecalling_get(input)
+        reads.note(self, out, input)
+        return out
 
     def _load(self) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
-        window = parts.demoter.load(cid, self.chat_store.get_messages(cid), parts.describe)
+        messages = self.chat_store.get_messages(cid)
+        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        if run is None:
+            window = parts.demoter.load(cid, messages, parts.describe)
+        else:  # inside a DemotingLLM run: read what its newest LLM call read
+            window = reads.stored_part(parts.demoter.load(cid, *run), len(messages))
         if window.events:
             emit_events(window.events)
         return window
@@ -331,7 +343,11 @@ class DemotingMemory(BaseChatStoreMemory):
     async def _aload(self) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
-        window = await parts.demoter.aload(cid, messages, parts.describe)
+        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        if run is None:
+            window = await parts.demoter.aload(cid, messages, parts.describe)
+        else:  # inside a DemotingLLM run: read what its newest LLM call read
+            window = reads.stored_part(await parts.demoter.aload(cid, *run), len(messages))
         if window.events:
             emit_events(window.events)
         return window

@@ -4,10 +4,11 @@ A ``FunctionAgent`` (llama-index-core's own workflow, a mock function-calling LL
 ``STEPS`` tool calls in one run, each answered by a ~1,450-token result. LlamaIndex reads
 the memory before every model call (``aget(input=...)``) but keeps the run's own steps in
 its scratchpad, sent after the memory's messages, and puts them into memory when the run
-ends. So inside the run the memory's part of every request is bounded and the scratchpad
-is not; after the run, the memory's window cuts at steps like every other window (the
-opener, the newest steps, cleared results as placeholders) and what left it reaches the
-hook once.
+ends. So with the memory alone, the memory's part of every request is bounded and the
+scratchpad is not (the last call is sent 41,248 tokens); with the LLM wrapped in
+``DemotingLLM`` every call is within the limit. After the run, the memory's window cuts
+at steps like every other window (the opener, the newest steps, cleared results as
+placeholders) and what left it reaches the hook once.
 
 ``python -m tests.llamaindex_demote.test_memory_agents`` prints the per-call figures.
 """
@@ -15,7 +16,7 @@ hook once.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -25,11 +26,12 @@ import pytest
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock, ToolCallBlock
 from llama_index.core.llms.mock import MockFunctionCallingLLM
+from llama_index.core.tools import FunctionTool
 
 from demote import Demoter, SlidingWindow
 from demote.window.policy import ClearToolResults
-from llamaindex_demote import DemotingMemory
-from llamaindex_demote.messages import opened_calls, text_of
+from llamaindex_demote import DemotingLLM, DemotingMemory
+from llamaindex_demote.messages import opened_calls, text_of, to_core
 from tests.support.counting import CountingArchive
 
 pytestmark = pytest.mark.filterwarnings(
@@ -67,12 +69,12 @@ def approx_tokens(messages: list[ChatMessage]) -> int:
 
 
 def tool_loop_llm(seen: list[list[ChatMessage]], steps: int = STEPS) -> MockFunctionCallingLLM:
-    """Calls ``fetch`` for pages 0..steps-1, one per model call, then answers."""
+    """Calls ``fetch`` for pages 0..steps-1, the one after the newest it sees, then answers."""
 
     def respond(messages: Any, **kwargs: Any) -> ChatMessage:
         seen.append(list(messages))
-        last_user = max(i for i, m in enumerate(messages) if m.role == MessageRole.USER)
-        step = sum(1 for m in messages[last_user + 1 :] if m.role == MessageRole.TOOL)
+        done = [int(m.additional_kwargs["tool_call_id"][5:]) for m in messages if m.role == "tool"]
+        step = max(done) + 1 if done else 0
         if step >= steps:
             return ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text="read it all")])
         call = ToolCallBlock(
@@ -102,7 +104,10 @@ def run(
 ) -> tuple[DemotingMemory, CountingArchive, Demoter, list[list[ChatMessage]], list[int]]:
     """One FunctionAgent run; also returns the length of the memory's part of each call."""
     hook = CountingArchive(tmp_path / "archive.db")
-    demoter = Demoter(policy, hook)
+    # hook_wait=None: each load waits for its delivery. With the default 0.25 s, a
+    # delivery of 57 large results on a loaded machine outlives the load, and the event
+    # loop asyncio.run closes at the run's end abandons it, so it is made again.
+    demoter = Demoter(policy, hook, hook_wait=None)
     memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="agent")
     seen: list[list[ChatMessage]] = []
     parts: list[int] = []
@@ -123,14 +128,26 @@ def run(
     return memory, hook, demoter, seen, parts
 
 
-def test_inside_a_run_the_memory_part_is_bounded_and_the_scratchpad_is_not(tmp_path: Path) -> None:
-    _, _, _, seen, parts = run(tmp_path, SlidingWindow.last_tokens(LIMIT))
+def test_inside_a_run_every_call_is_within_the_limit_with_demoting_llm(tmp_path: Path) -> None:
+    """With ``DemotingLLM`` the whole request is bounded, the run's scratchpad included."""
+    hook = CountingArchive(tmp_path / "archive.db")
+    demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook, hook_wait=None)
+    memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="agent")
+    overhang: list[int] = []
+    demoter.observe(lambda e: overhang.append(e.tokens_after or 0) if e.kind == "overhang" else 0)
+    seen: list[list[ChatMessage]] = []
+    llm = DemotingLLM(tool_loop_llm(seen))
+    agent = FunctionAgent(tools=[fetch], llm=llm, system_prompt="be thorough")
+    assert str(asyncio.run(running(agent, TASK, memory, STEPS + 10))) == "read it all"
     assert len(seen) == STEPS + 1
-    assert max(parts) <= LIMIT, "every read of the memory is within the limit"
-    sent = [approx_tokens(s) for s in seen]
-    # The scratchpad (the run's own steps) is LlamaIndex's, sent in full: it grows.
-    assert sent[-1] > sent[0] + (STEPS - 1) * 1400
-    assert all(b > a for a, b in itertools.pairwise(sent))
+    tools = FunctionTool.from_defaults(fetch).metadata.to_openai_tool()
+    counter = demoter.policy.resolved_counter()
+    reserved = counter(json.dumps(tools, default=str, separators=(",", ":")))
+    sent = [sum(to_core(m, demoter.describe).tokens for m in s) + reserved for s in seen]
+    assert max(sent) <= LIMIT + max(overhang, default=0)
+    # Without the wrapper the last call was sent 41,248 tokens in 62 messages.
+    assert len(seen[-1]) < 10
+    assert max(hook.deliveries.values()) == 1
 
 
 def test_after_the_run_the_window_cuts_at_steps_and_archives_once(tmp_path: Path) -> None:
@@ -183,6 +200,17 @@ def main() -> None:  # pragma: no cover - prints the figures for the README
         print(f"  memory's window after the run (the steps put in): {parts[-1]} tokens")
         print(f"  sent per call: first {sent[0]}, 10th {sent[9]}, last {sent[-1]} tokens")
         print(f"  messages in the last call: {len(seen[-1])}")
+        hook = CountingArchive(Path(tmp) / "wrapped.db")
+        demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook, hook_wait=None)
+        memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="wrapped")
+        seen = []
+        llm = DemotingLLM(tool_loop_llm(seen))
+        agent = FunctionAgent(tools=[fetch], llm=llm, system_prompt="be thorough")
+        asyncio.run(running(agent, TASK, memory, STEPS + 10))
+        sent = [approx_tokens(s) for s in seen]
+        print("  the same run with llm=DemotingLLM(llm):")
+        print(f"  sent per call: first {sent[0]}, 10th {sent[9]}, last {sent[-1]}, max {max(sent)}")
+        print(f"  messages in the last call: {len(seen[-1])}; archived {len(hook.deliveries)}")
 
 
 if __name__ == "__main__":  # pragma: no cover
