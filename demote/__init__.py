@@ -56,7 +56,14 @@ from demote.state import (
 )
 from demote.summarize import ModelSummarizer, TemplateSummarizer
 from demote.window.planner import Plan, plan
-from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+from demote.window.policy import (
+    Bulk,
+    ClearToolResults,
+    Compact,
+    LowWater,
+    PerItem,
+    SlidingWindow,
+)
 
 __all__ = [
     "ArgumentTypeError",
@@ -94,6 +101,7 @@ __all__ = [
     "MissingExtraError",
     "ModelSummarizer",
     "NoopHook",
+    "LowWater",
     "PerItem",
     "Plan",
     "PostgresArchive",
