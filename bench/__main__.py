@@ -10,7 +10,9 @@ Usage::
 Each section writes ``<out>/<section>.json`` and ``<out>/<section>.png``. Section 5 (the
 fleet) runs on Redis and Postgres too when ``DEMOTE_BENCH_REDIS_URL`` /
 ``DEMOTE_BENCH_POSTGRES_URL`` (or the ``DEMOTE_TEST_*`` ones) are set, else on SQLite only;
-section 8 (outages) needs them too (``python -m bench --sections outage``).
+section 8 (outages) needs them too (``python -m bench --sections outage``). Section 7 reads
+the recorded agent runs from ``../shared/data/agent_traces`` (or ``DEMOTE_AGENT_TRACES``)
+and is skipped, saying why, without them; 7s is the same bench on generated stress traces.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ for _name, _value in (
 from bench import (  # noqa: E402
     agent_recall,
     agents,
+    agents_real,
     cache_cost,
     capture_scale,
     fleet,
@@ -54,7 +57,8 @@ SECTIONS = {
     "4": "capture",
     "5": "fleet",
     "6": "pg_archive",  # skipped, and says why, without PostgreSQL
-    "7": "agents",
+    "7": "agents_real",  # recorded agent runs, replayed through create_agent
+    "7s": "agents",  # generated stress traces
     "7b": "step_cost",  # one load as one agent turn grows to 1,000 steps
     "8": "outage",  # each store skipped, and says why, without its service
 }
@@ -97,6 +101,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         elif name == "fleet":
             print(fleet.report(fleet.run(quick=args.quick, out=args.out, quiet=args.quiet)))
+        elif name == "agents_real":
+            from bench.real_traces import traces_dir
+
+            if traces_dir().is_dir():
+                payload = agents_real.run(quick=args.quick, out=args.out, quiet=args.quiet)
+                print(agents_real.report(payload))
+            else:  # skipped, saying why
+                print(f"## 7. Agents on recorded runs: skipped, no traces in {traces_dir()}")
         elif name == "agents":
             print(agents.report(agents.run(quick=args.quick, out=args.out, quiet=args.quiet)))
         elif name == "agent_recall":

@@ -12,7 +12,10 @@ test; only the chat model and the tools are scripted:
   resumed with the decision given for it (``"reject"`` answers with an error result).
 
 So every middleware's own code runs on the agent's real requests, and what the model
-receives is what a provider would be sent. :mod:`bench.agents` and the provider validity
+receives is what a provider would be sent. :func:`replay` does the same for a recorded
+run (:mod:`bench.real_traces`): its tools answer each call with the recorded result *by
+the call's id*, since real runs repeat a call with the same arguments and get different
+results. :mod:`bench.agents` and the provider validity
 tests share this module.
 """
 
@@ -22,7 +25,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -34,7 +37,22 @@ from pydantic import Field, PrivateAttr
 
 from bench.agent_traces import AgentTrace, Request
 
-__all__ = ["AgentRun", "ScriptedModel", "SummaryModel", "run_agent", "scripted_tools"]
+if TYPE_CHECKING:
+    from bench.real_traces import RealTrace
+
+__all__ = [
+    "AgentRun",
+    "ScriptEnd",
+    "ScriptedModel",
+    "SummaryModel",
+    "replay",
+    "run_agent",
+    "scripted_tools",
+]
+
+
+class ScriptEnd(RuntimeError):
+    """The model was called after its last scripted reply (the recorded run stops there)."""
 
 
 def _key(name: str, args: Mapping[str, Any]) -> str:
@@ -68,11 +86,11 @@ class ScriptedModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         with self._lock:
-            self.seen.append(list(messages))
-            if self._next >= len(self.replies):
-                raise RuntimeError(
+            if self._next >= len(self.replies):  # not recorded: nobody answered it
+                raise ScriptEnd(
                     f"the script has {len(self.replies)} replies; call {self._next + 1}"
                 )
+            self.seen.append(list(messages))
             reply = self.replies[self._next].model_copy(deep=True)
             self._next += 1
         if self.before_reply is not None:
@@ -238,3 +256,61 @@ def run_agent(
 def model_requests(run: AgentRun) -> Iterator[list[BaseMessage]]:
     """The recorded requests, oldest first."""
     yield from run.requests
+
+
+class _ReplayedTool(BaseTool):
+    """Answers each call with the recorded result of that call id (arguments unchecked)."""
+
+    results: dict[str, ToolMessage] = Field(default_factory=dict)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
+        raise NotImplementedError("answered by invoke")
+
+    def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        return self.results[input["id"]].model_copy(deep=True)
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        return self.invoke(input, config)
+
+
+def replay(
+    trace: RealTrace,
+    middleware: Sequence[Any] = (),
+    *,
+    model: ScriptedModel | None = None,
+    before_reply: Callable[[], None] | None = None,
+) -> AgentRun:
+    """Replay a recorded run through ``create_agent`` with ``middleware``, call by call.
+
+    One ``invoke`` per segment, each with the previous result's messages plus the
+    segment's human messages (no checkpointer: the caller keeps the history, as
+    :func:`run_agent` does). The model answers with the recorded assistant messages in
+    order; when the recording stops after a step, the agent's next model call is not
+    answered (:class:`ScriptEnd`, not recorded) and the replay ends there.
+    """
+    from langchain.agents import create_agent
+
+    model = model or ScriptedModel()
+    model.replies = trace.replies
+    model.before_reply = before_reply
+    results = trace.results
+    tools = [
+        _ReplayedTool(
+            name=t["function"]["name"],
+            description=t["function"]["description"],
+            args_schema=t["function"]["parameters"],
+            results=results,
+        )
+        for t in trace.tools
+    ]
+    agent = create_agent(model, tools, system_prompt=trace.system, middleware=list(middleware))
+    config: dict[str, Any] = {"recursion_limit": 100_000}
+    history: list[BaseMessage] = []
+    for segment in trace.segments:
+        humans = [h.model_copy(deep=True) for h in segment.humans]
+        try:
+            state = agent.invoke({"messages": [*history, *humans]}, config)
+        except ScriptEnd:
+            break
+        history = list(state["messages"])
+    return AgentRun(model.seen, model.tools, history)

@@ -1,4 +1,8 @@
-"""Section 7: agents. What each memory setup sends the model at every call of a tool loop.
+"""Section 7s: agents on generated stress traces. What each setup sends at every call.
+
+Section 7's headline runs on recorded agent runs (:mod:`bench.agents_real`); these
+generated traces stay as stress tests: results of 200-5,000 tokens, where one step fills
+a 4,000-token window.
 
 The traces (:mod:`bench.agent_traces`, deterministic, offline): one request of 200 tool
 steps with results of 200-5,000 tokens, 20 requests of 20 steps each, a run of parallel
@@ -22,7 +26,7 @@ agent's real requests:
 Per model call: the tokens sent, by ``count_tokens_approximately`` over the request's
 messages (the system prompt included) and the bound tool definitions; peak, p95 and how
 many calls are over the limit; how many requests a provider would reject
-(:func:`tests.support.provider_rules.violations`: the documented ordering rules and
+(:func:`langchain_demote.provider_rules.violations`: the documented ordering rules and
 langchain-anthropic's and langchain-openai's own converters). The billed input of the
 whole run with prompt caching at Anthropic's prices (:mod:`demote.cli.cachecost`: reads
 0.1x, writes 1.25x, prefix reuse with the previous call, tool definitions first), in
@@ -50,7 +54,7 @@ from bench.common import RESULTS, environment, progress, table, write_json
 from demote import Bulk, Compact, Demoter, SlidingWindow
 from demote.cli.cachecost import ANTHROPIC, CacheMeter
 from demote.window.policy import ClearToolResults
-from tests.support.provider_rules import violations
+from langchain_demote.provider_rules import violations
 
 SECTION = "agents"
 LIMITS = (4_000, 8_000)
@@ -319,9 +323,10 @@ def report(payload: dict[str, Any]) -> str:
         for t in payload["traces"]
     )
     lines = [
-        "## 7. Agents (tokens sent per model call, system prompt and tools included; invalid "
-        "requests by the ordering rules and both providers' converters; billed input of the "
-        "whole run with Anthropic prompt caching, in full-price tokens)",
+        "## 7s. Agents on generated stress traces (tokens sent per model call, system prompt "
+        "and tools included; invalid requests by the ordering rules and both providers' "
+        "converters; billed input of the whole run with Anthropic prompt caching, in "
+        "full-price tokens)",
         "",
         f"Traces: {traces}.",
     ]

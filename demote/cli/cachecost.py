@@ -30,6 +30,11 @@ Two pricings are predefined:
   the only way the strategies measured here share more than their system prompt.
 - :data:`OPENAI`: reads at 0.5x, no write premium, caching only from 1,024 common tokens,
   in 128-token increments beyond that.
+
+:data:`OPENAI_AUTO` is OpenAI's automatic prefix caching at the discount its current
+models get (cached input at 0.1x, no write premium, from 1,024 tokens in 128-token
+increments); the agent benchmark reports it beside :data:`ANTHROPIC`. It is not in
+:data:`PRICINGS`, so the figures priced before it came stay as they were.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 __all__ = [
     "ANTHROPIC",
     "OPENAI",
+    "OPENAI_AUTO",
     "PRICINGS",
     "CacheCost",
     "CacheMeter",
@@ -97,6 +103,9 @@ class Pricing:
 ANTHROPIC = Pricing("anthropic", read=0.1, write=1.25, minimum=1024, increment=1)
 #: OpenAI: 0.5x reads, no write premium, from 1,024 tokens in 128-token steps.
 OPENAI = Pricing("openai", read=0.5, write=1.0, minimum=1024, increment=128)
+#: OpenAI's automatic caching on current models: 0.1x reads, no write premium, from 1,024
+#: tokens in 128-token steps.
+OPENAI_AUTO = Pricing("openai-auto", read=0.1, write=1.0, minimum=1024, increment=128)
 #: Both predefined pricings, in report order.
 PRICINGS: tuple[Pricing, ...] = (ANTHROPIC, OPENAI)
 

@@ -57,7 +57,8 @@ def test_quick_bench_writes_every_section(
     assert capture["memory"]["store_bytes_per_conversation"] > 0
     assert capture["sqlite"]["loads_per_second"]["1"] > 0
 
-    assert "## 7. Agents" in printed
+    assert "## 7s. Agents on generated stress traces" in printed
+    assert "## 7. Agents on recorded runs" in printed  # run, or skipped saying why
     assert "## 3c. Agent recall" in printed
     recall = json.loads((tmp_path / "agent_recall.json").read_text())
     assert recall["quick"] is True and recall["min_distance_steps"] >= 50
@@ -73,6 +74,11 @@ def test_quick_bench_writes_every_section(
     assert bare["calls"] == agents["traces"][0]["model_calls"]
     assert bare["invalid"] == 0 and bare["peak"] > agents["limits"][0]
     assert rows[("long_request", "SummarizationMiddleware")]["summary_calls"] > 0
+    if (tmp_path / "agents_real.json").exists():
+        real = json.loads((tmp_path / "agents_real.json").read_text())
+        assert real["quick"] is True and len(real["traces"]) == 2
+        base = next(r for r in real["rows"] if r["setup"] == "no memory")
+        assert base["billed_anthropic"] == 1.0
 
     for section in ("turn_cost", "cache_cost", "capture", "fleet"):
         assert (tmp_path / f"{section}.png").read_bytes()[:4] == b"\x89PNG"

@@ -9,7 +9,7 @@ under every strategy and unit, with and without clearing, go through:
 - ``DemotingMiddleware`` in a real ``create_agent`` run with a scripted tool-calling
   model that records every request it is sent (system prompt included).
 
-Each window and request must pass :func:`tests.support.provider_rules.violations`: the
+Each window and request must pass :func:`langchain_demote.provider_rules.violations`: the
 documented ordering rules, langchain-anthropic's ``_format_messages`` and langchain-
 openai's ``_convert_message_to_dict`` with the pairing rules on what they build.
 
@@ -39,13 +39,13 @@ from demote.window.planner import turn_groups
 from demote.window.policy import ClearToolResults
 from langchain_demote import DemotingChatMessageHistory, DemotingMiddleware
 from langchain_demote.messages import to_core
-from tests.agent_strategies import AgentScript, agent_policies, agent_scripts, events
-from tests.support.provider_rules import (
+from langchain_demote.provider_rules import (
     anthropic_violations,
     openai_violations,
     ordering_violations,
     violations,
 )
+from tests.agent_strategies import AgentScript, agent_policies, agent_scripts, events
 
 HISTORY = settings(
     max_examples=60,

@@ -25,9 +25,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from demote import Demoter, SlidingWindow
 from langchain_demote.history import DemotingChatMessageHistory
 from langchain_demote.middleware import DemotingMiddleware
+from langchain_demote.provider_rules import violations
 from tests.langchain_demote.support import ScriptedToolModel, record_windows
 from tests.support.counting import CountingArchive
-from tests.support.provider_rules import violations
 
 LIMIT = 6000
 CALLS = 60

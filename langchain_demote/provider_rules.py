@@ -29,9 +29,13 @@ included), each returning a list of violations (empty: valid):
   (``langchain_openai.chat_models.base._convert_message_to_dict``, what ``ChatOpenAI``
   sends to chat completions), then the pairing rules on the dicts it builds.
 
-Both converters are private functions of the installed versions (pinned in the dev
-extra); they run without a network or an API key. An exception from one is a violation.
-The benchmark (:mod:`bench.agents`) counts invalid requests with :func:`violations`.
+Both converters are private functions of the installed versions (pinned in the
+``providers`` extra, ``pip install 'demote[providers]'``); they run without a network or an
+API key, and are imported on first use (a missing one raises
+:class:`~demote.errors.MissingExtraError`). An exception from one is a violation. The
+validity tests and the agent benchmark (:mod:`bench.agents`, :mod:`bench.agents_real`)
+count invalid requests with :func:`violations`; use it to check the requests of your own
+agent the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages import content as _content
 
+from demote.errors import MissingExtraError
+
 __all__ = [
     "anthropic_violations",
     "is_valid",
@@ -53,13 +59,15 @@ __all__ = [
 ]
 
 
-# langchain-core recomputes the data block types from type hints on every content block
-# (``is_data_content_block``), which makes langchain-anthropic's formatting of a 400-message
-# request take 0.1 s. The answer is a constant of the installed release: cache it.
-if not hasattr(_content._get_data_content_block_types, "cache_info"):
-    _content._get_data_content_block_types = functools.cache(  # type: ignore[assignment]
-        _content._get_data_content_block_types
-    )
+def _cache_block_types() -> None:
+    # langchain-core recomputes the data block types from type hints on every content block
+    # (``is_data_content_block``), which makes langchain-anthropic's formatting of a
+    # 400-message request take 0.1 s. The answer is a constant of the installed release:
+    # cache it, on the first check (importing this module changes nothing).
+    if not hasattr(_content._get_data_content_block_types, "cache_info"):
+        _content._get_data_content_block_types = functools.cache(
+            _content._get_data_content_block_types
+        )
 
 
 def _call_ids(message: AIMessage) -> list[str]:
@@ -109,7 +117,12 @@ def ordering_violations(messages: Sequence[BaseMessage]) -> list[str]:
 
 
 def _anthropic_format(messages: Sequence[BaseMessage]) -> tuple[Any, list[dict[str, Any]]]:
-    from langchain_anthropic.chat_models import _format_messages
+    try:
+        from langchain_anthropic.chat_models import _format_messages
+    except ImportError as exc:
+        raise MissingExtraError("langchain-anthropic", "providers") from exc
+
+    _cache_block_types()
 
     params = inspect.signature(_format_messages).parameters
     if "model" in params:
@@ -121,6 +134,8 @@ def anthropic_violations(messages: Sequence[BaseMessage]) -> list[str]:
     """What Anthropic's Messages API would reject, from langchain-anthropic's own payload."""
     try:
         _system, formatted = _anthropic_format(messages)
+    except MissingExtraError:
+        raise
     except Exception as exc:  # the converter refusing is the finding
         return [f"langchain-anthropic: {type(exc).__name__}: {exc}"]
     out: list[str] = []
@@ -167,7 +182,10 @@ def anthropic_violations(messages: Sequence[BaseMessage]) -> list[str]:
 
 def openai_violations(messages: Sequence[BaseMessage]) -> list[str]:
     """What OpenAI's chat completions would reject, from langchain-openai's own dicts."""
-    from langchain_openai.chat_models.base import _convert_message_to_dict
+    try:
+        from langchain_openai.chat_models.base import _convert_message_to_dict
+    except ImportError as exc:
+        raise MissingExtraError("langchain-openai", "providers") from exc
 
     try:
         dicts = [_convert_message_to_dict(m) for m in messages]

@@ -1,0 +1,448 @@
+"""Section 7: agents on recorded runs. What each memory setup sends, costs and keeps.
+
+The development set of recorded agent runs (:mod:`bench.real_traces`, 31 runs from 5
+public repositories, 29 of which ``create_agent`` can replay) is replayed call by call
+through LangChain's own ``create_agent`` (:func:`bench.agent_run.replay`): the model
+answers with the recorded assistant messages, the tools with the recorded results, and
+every setup's middleware runs its own code on the agent's real requests. A second table
+replays the same runs chained into long sessions (:func:`bench.real_traces.chain`).
+
+Setups (:data:`SETUPS`, a dict of factories: add one line to add a setup), at each limit
+``L``:
+
+- ``demote``: ``DemotingMiddleware(Demoter(SlidingWindow.last_tokens(L), SQLiteArchive))``,
+  every other option at its default (whatever the default eviction is);
+- ``demote PerItem``: the same with ``eviction=PerItem()``;
+- ``demote Bulk L/2+L/2``: ``last_tokens(L // 2, eviction=Bulk(overflow=L // 2))``, the
+  same peak;
+- ``demote clearing (README)``: the README's agent policy scaled to ``L``
+  (``ClearToolResults(trigger=L // 2, keep=3, clear_at_least=L // 8)``);
+- ``SummarizationMiddleware``: ``trigger=("tokens", L)``, ``keep=("tokens", L // 2)``, its
+  summary calls (a scripted model, 200-token summaries) billed too;
+- ``ContextEditingMiddleware``: ``ClearToolUsesEdit(trigger=L, keep=3)``;
+- ``trim_messages``: ``strategy="last"``, ``count_tokens_approximately``, ``max_tokens=L``
+  on every model call;
+- ``no memory``: ``create_agent`` alone (the reference of billed and grounded).
+
+Figures per setup (:mod:`bench.agent_metrics` has the definitions): mean peak / limit
+over runs, p95 of all calls, calls over the limit, invalid requests, billed relative to no
+memory in both price shapes (the mean of per-run ratios is the headline, the ratio of
+totals beside it) and grounded (pooled over all pieces: the headline; mean of per-run
+shares beside it). ``python -m bench.agents_real --limit 4000 --setup demote`` runs one
+setup in a few seconds; ``python -m bench --sections 7`` runs the section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import agent_metrics as metrics
+from bench.agent_run import AgentRun, ScriptedModel, SummaryModel, replay
+from bench.common import RESULTS, environment, progress, table, write_json
+from bench.real_traces import RealTrace, chain, load, traces_dir
+
+SECTION = "agents_real"
+LIMITS = (4_000, 8_000)
+BASELINE = "no memory"
+SUMMARY_TEXT = "Summary of the work so far: " + "the agent read files and ran commands; " * 20
+
+
+@dataclass
+class Prepared:
+    """One setup made for one run: its middleware and what to do around the replay."""
+
+    middleware: list[Any]
+    before_reply: Callable[[], None] | None = None
+    summarizers: list[SummaryModel] = field(default_factory=list)
+    close: Callable[[], None] | None = None
+
+
+Setup = Callable[[int, Path], Prepared]
+
+
+def _demote(policy: Callable[[int], Any]) -> Setup:
+    def make(limit: int, tmp: Path) -> Prepared:
+        from demote import Demoter, SQLiteArchive
+        from langchain_demote import DemotingMiddleware
+
+        archive = SQLiteArchive(str(tmp / "archive.db"))
+        demoter = Demoter(policy(limit), archive)
+
+        def close() -> None:
+            demoter.close()
+            archive.close()
+
+        # Every delivery is waited for before the model answers, so runs repeat exactly.
+        return Prepared([DemotingMiddleware(demoter)], lambda: demoter.drain(30), close=close)
+
+    return make
+
+
+def _default(limit: int) -> Any:
+    from demote import SlidingWindow
+
+    return SlidingWindow.last_tokens(limit)
+
+
+def _per_item(limit: int) -> Any:
+    from demote import PerItem, SlidingWindow
+
+    return SlidingWindow.last_tokens(limit, eviction=PerItem())
+
+
+def _bulk_half(limit: int) -> Any:
+    from demote import Bulk, SlidingWindow
+
+    return SlidingWindow.last_tokens(limit // 2, eviction=Bulk(overflow=limit // 2))
+
+
+def _readme_clearing(limit: int) -> Any:
+    from demote import ClearToolResults, SlidingWindow
+
+    clearing = ClearToolResults(trigger=limit // 2, keep=3, clear_at_least=limit // 8)
+    return SlidingWindow(unit="tokens", limit=limit, clearing=clearing)
+
+
+def _summarization(limit: int, tmp: Path) -> Prepared:
+    from langchain.agents.middleware import SummarizationMiddleware
+
+    model = SummaryModel(text=SUMMARY_TEXT)
+    middleware = SummarizationMiddleware(
+        model=model, trigger=("tokens", limit), keep=("tokens", limit // 2)
+    )
+    return Prepared([middleware], summarizers=[model])
+
+
+def _context_editing(limit: int, tmp: Path) -> Prepared:
+    from langchain.agents.middleware import ClearToolUsesEdit, ContextEditingMiddleware
+
+    return Prepared([ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=limit, keep=3)])])
+
+
+def _trim(limit: int, tmp: Path) -> Prepared:
+    from langchain.agents.middleware import wrap_model_call
+    from langchain_core.messages.utils import count_tokens_approximately, trim_messages
+
+    @wrap_model_call  # type: ignore[arg-type]
+    def trimmed(request: Any, handler: Any) -> Any:
+        kept = trim_messages(
+            request.messages,
+            strategy="last",
+            token_counter=count_tokens_approximately,
+            max_tokens=limit,
+        )
+        return handler(request.override(messages=kept))
+
+    return Prepared([trimmed])
+
+
+def _none(limit: int, tmp: Path) -> Prepared:
+    return Prepared([])
+
+
+#: The setups, in report order. The baseline (no memory) is always run: billed is relative
+#: to it.
+SETUPS: dict[str, Setup] = {
+    "demote": _demote(_default),
+    "demote PerItem": _demote(_per_item),
+    "demote Bulk L/2+L/2": _demote(_bulk_half),
+    "demote clearing (README)": _demote(_readme_clearing),
+    "SummarizationMiddleware": _summarization,
+    "ContextEditingMiddleware": _context_editing,
+    "trim_messages": _trim,
+    BASELINE: _none,
+}
+
+
+def run_one(trace: RealTrace, setup: Setup, limit: int) -> tuple[AgentRun, list[Any], float]:
+    """Replay ``trace`` under one setup; the run, the summarizers' requests, seconds."""
+    with tempfile.TemporaryDirectory(prefix="demote-bench-") as tmp:
+        prepared = setup(limit, Path(tmp))
+        began = time.perf_counter()
+        marks: list[int] = []
+
+        def before_reply() -> None:
+            if prepared.before_reply is not None:
+                prepared.before_reply()
+            marks.append(sum(len(s.seen) for s in prepared.summarizers))
+
+        try:
+            run = replay(
+                trace, prepared.middleware, model=ScriptedModel(), before_reply=before_reply
+            )
+        finally:
+            if prepared.close is not None:
+                prepared.close()
+        seconds = time.perf_counter() - began
+    # A summary made for the model call after the recording ends answered nothing.
+    summaries = [r for s in prepared.summarizers for r in s.seen][: marks[-1] if marks else 0]
+    return run, summaries, seconds
+
+
+def measure(
+    trace: RealTrace,
+    run: AgentRun,
+    summaries: Sequence[Any],
+    limit: int,
+    checker: metrics.Checker,
+) -> dict[str, Any]:
+    """The figures of one replayed run (absolute; ratios are taken against no memory)."""
+    count = checker.count
+    sizes = metrics.call_tokens(run.requests, run.tools, count)
+    ground = metrics.grounded(trace.messages, trace.replies, run.requests)
+    return {
+        **metrics.size_stats(sizes, limit),
+        "sizes": sizes,
+        "invalid": checker.invalid(run.requests),
+        "billed": metrics.run_billed(run.requests, summaries, tools=run.tools, count=count),
+        "summary_calls": len(summaries),
+        "found": ground.found,
+        "pieces": ground.pieces,
+    }
+
+
+def aggregate(label: str, limit: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One setup's figures over runs (``rows`` carry ``base_billed``, no memory's bill)."""
+    sizes = sorted(s for r in rows for s in r["sizes"])
+    calls = len(sizes)
+    out: dict[str, Any] = {
+        "setup": label,
+        "limit": limit,
+        "runs": len(rows),
+        "calls": calls,
+        "peak_x": statistics.fmean(r["peak_x"] for r in rows),
+        "max_peak_x": max(r["peak_x"] for r in rows),
+        "p95": metrics.size_stats(sizes, limit)["p95"],
+        "over": sum(r["over"] for r in rows),
+        "over_share": sum(r["over"] for r in rows) / calls if calls else 0.0,
+        "invalid": sum(r["invalid"] for r in rows),
+        "summary_calls": sum(r["summary_calls"] for r in rows),
+        "seconds": sum(r["seconds"] for r in rows),
+    }
+    out["p95_x"] = out["p95"] / limit
+    for shape in metrics.PRICINGS:
+        ratios = [r["billed"][shape] / r["base_billed"][shape] for r in rows]
+        out[f"billed_{shape}"] = statistics.fmean(ratios)
+        out[f"billed_{shape}_total"] = sum(r["billed"][shape] for r in rows) / sum(
+            r["base_billed"][shape] for r in rows
+        )
+    pieces = sum(r["pieces"] for r in rows)
+    out["grounded"] = sum(r["found"] for r in rows) / pieces if pieces else None
+    shares = [r["found"] / r["pieces"] for r in rows if r["pieces"]]
+    out["grounded_run_mean"] = statistics.fmean(shares) if shares else None
+    out["pieces"] = pieces
+    return out
+
+
+def bench(
+    traces: Sequence[RealTrace],
+    limits: Sequence[int],
+    setups: Sequence[str],
+    *,
+    quiet: bool = False,
+    desc: str = "",
+) -> list[dict[str, Any]]:
+    """Every setup at every limit over ``traces``; one aggregated row per (limit, setup)."""
+    wanted = [s for s in SETUPS if s in setups or s == BASELINE]
+    per: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    log = logging.getLogger("demote")
+    level = log.level
+    log.setLevel(logging.ERROR)  # a window over its bound warns at each call; counted here
+    try:
+        for trace in progress(list(traces), desc or "traces", quiet):
+            checker = metrics.Checker()  # per trace: setups repeat each other's requests
+            base: dict[str, float] | None = None
+            for label in sorted(wanted, key=lambda s: s != BASELINE):  # the baseline first
+                for limit in limits:
+                    if label == BASELINE and base is not None:
+                        row = dict(per[(limits[0], BASELINE)][-1])
+                        row.update(metrics.size_stats(row["sizes"], limit), limit=limit)
+                    else:
+                        run, summaries, seconds = run_one(trace, SETUPS[label], limit)
+                        row = measure(trace, run, summaries, limit, checker)
+                        row.update(trace=trace.name, limit=limit, seconds=seconds)
+                    if label == BASELINE:
+                        base = row["billed"]
+                    row["base_billed"] = base
+                    per.setdefault((limit, label), []).append(row)
+    finally:
+        log.setLevel(level)
+    return [aggregate(label, limit, per[(limit, label)]) for limit in limits for label in wanted]
+
+
+def run(
+    *,
+    quick: bool = False,
+    out: Path = RESULTS,
+    quiet: bool = False,
+    limits: Sequence[int] | None = None,
+    setups: Sequence[str] | None = None,
+    directory: Path | None = None,
+    long_runs: bool = True,
+) -> dict[str, Any]:
+    """Run the section (dev set and long runs); returns (and writes) its results."""
+    began = time.perf_counter()
+    traces, skipped = load(directory, limit=2 if quick else None)
+    limits = tuple(limits or ((4_000,) if quick else LIMITS))
+    setups = list(setups or SETUPS)
+    payload: dict[str, Any] = {
+        "section": SECTION,
+        "data": str(directory or traces_dir()),
+        "limits": list(limits),
+        "quick": quick,
+        "skipped": skipped,
+        "traces": [t.summary() for t in traces],
+        "rows": bench(traces, limits, setups, quiet=quiet, desc="dev runs"),
+    }
+    if long_runs and not quick:
+        chained = chain(traces)
+        payload["long_traces"] = [t.summary() for t in chained]
+        payload["long_rows"] = bench(chained, limits, setups, quiet=quiet, desc="long runs")
+    payload["seconds"] = time.perf_counter() - began
+    payload["environment"] = environment()
+    write_json(SECTION, payload, out)
+    plot(payload, out)
+    return payload
+
+
+def plot(payload: dict[str, Any], out: Path = RESULTS) -> Path | None:
+    """Billed (Anthropic) against grounded, per setup and limit; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    tables = [("development set", payload["rows"])]
+    if payload.get("long_rows"):
+        tables.append(("long runs (chained)", payload["long_rows"]))
+    fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 5), squeeze=False)
+    markers = {limit: m for limit, m in zip(payload["limits"], "os^D", strict=False)}
+    for ax, (title, rows) in zip(axes[0], tables, strict=True):
+        labels = list(dict.fromkeys(r["setup"] for r in rows))
+        colors = {s: plt.get_cmap("tab10")(i) for i, s in enumerate(labels)}
+        for r in rows:
+            if r["grounded"] is None:
+                continue
+            ax.scatter(
+                100 * r["grounded"],
+                r["billed_anthropic"],
+                color=colors[r["setup"]],
+                marker=markers[r["limit"]],
+                s=60,
+                label=f"{r['setup']} @ {r['limit']:,}",
+            )
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("grounded (% of copied pieces still sent)")
+        ax.set_ylabel("billed vs no memory (Anthropic caching)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{SECTION}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+COLUMNS = [
+    ("setup", "setup", ""),
+    ("peak_x", "peak/limit", ".2f"),
+    ("p95", "p95", ",.0f"),
+    ("over", "over limit", ","),
+    ("invalid", "invalid", ","),
+    ("billed_anthropic", "billed Anthropic", ".2f"),
+    ("billed_anthropic_total", "(total)", ".2f"),
+    ("billed_openai", "billed OpenAI", ".2f"),
+    ("billed_openai_total", "(total)", ".2f"),
+    ("grounded_pct", "grounded", ".1f"),
+    ("grounded_run_pct", "(run mean)", ".1f"),
+]
+
+
+def _tables(rows: Sequence[dict[str, Any]], limits: Sequence[int]) -> list[str]:
+    lines: list[str] = []
+    for limit in limits:
+        shown = [
+            {
+                **r,
+                "grounded_pct": None if r["grounded"] is None else 100 * r["grounded"],
+                "grounded_run_pct": (
+                    None if r["grounded_run_mean"] is None else 100 * r["grounded_run_mean"]
+                ),
+            }
+            for r in rows
+            if r["limit"] == limit
+        ]
+        calls = shown[0]["calls"] if shown else 0
+        lines += ["", f"limit {limit:,} tokens ({calls:,} model calls of no memory)", ""]
+        lines.append(table(shown, COLUMNS))
+    return lines
+
+
+def report(payload: dict[str, Any]) -> str:
+    """The section's tables as Markdown."""
+    n = len(payload["traces"])
+    skipped = "; ".join(f"{k}: {v}" for k, v in payload["skipped"].items()) or "none"
+    lines = [
+        f"## 7. Agents on recorded runs ({n} runs replayed; not replayable: {skipped})",
+        *_tables(payload["rows"], payload["limits"]),
+    ]
+    if payload.get("long_rows"):
+        sizes = ", ".join(
+            f"{t['tool_calls']} calls/{t['tokens'] // 1000}k" for t in payload["long_traces"]
+        )
+        lines += ["", f"### Long runs (dev runs chained: {sizes})"]
+        lines += _tables(payload["long_rows"], payload["limits"])
+    lines.append(f"({payload['seconds']:.0f} s)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.agents_real [--limit L ...] [--setup NAME ...] [--long]``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.agents_real")
+    parser.add_argument("--limit", type=int, nargs="+", default=list(LIMITS))
+    parser.add_argument(
+        "--setup", nargs="+", default=None, help=f"setups to run (default all): {list(SETUPS)}"
+    )
+    parser.add_argument("--long", action="store_true", help="the chained long runs too")
+    parser.add_argument("--runs", type=int, default=None, help="only the first N runs")
+    parser.add_argument("--data", type=Path, default=None, help="the traces' directory")
+    parser.add_argument("--out", type=Path, default=None, help="write JSON and PNG here")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    unknown = set(args.setup or ()) - set(SETUPS)
+    if unknown:
+        parser.error(f"unknown setups {sorted(unknown)}; choose from {list(SETUPS)}")
+    began = time.perf_counter()
+    traces, skipped = load(args.data, limit=args.runs)
+    setups = args.setup or list(SETUPS)
+    payload: dict[str, Any] = {
+        "limits": args.limit,
+        "skipped": skipped,
+        "traces": [t.summary() for t in traces],
+        "rows": bench(traces, args.limit, setups, quiet=args.quiet, desc="dev runs"),
+    }
+    if args.long:
+        chained = chain(traces)
+        payload["long_traces"] = [t.summary() for t in chained]
+        payload["long_rows"] = bench(chained, args.limit, setups, quiet=args.quiet)
+    payload["seconds"] = time.perf_counter() - began
+    if args.out is not None:
+        write_json(SECTION, payload, args.out)
+        plot(payload, args.out)
+    print(report(payload))
+
+
+if __name__ == "__main__":
+    main()
