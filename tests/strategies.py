@@ -488,14 +488,15 @@ def reference_plan(
         # the digest's room in a token window; inside the running turn, keep_steps' share.
         floor = size(candidates[-1])
         room = max(0, limit - floor)
-        aside = int(limit * ev.digest) if policy.unit == "tokens" else 0
+        tools = sum(costs[i][0] for i in range(start, end) if records[i].role == "tool") > 0
+        aside = int(limit * ev.digest) if policy.unit == "tokens" and tools else 0
 
         def oldest_within(bound: int) -> int:
             return next((c for c in candidates if size(c) <= bound), candidates[-1])
 
-        ws = oldest_within(floor + int(ev.keep * room) - aside)
+        ws = oldest_within(min(limit, floor + int(ev.keep * room) - aside))
         if ws not in groups:
-            ws = max(ws, oldest_within(floor + int(ev.keep_steps * room) - aside))
+            ws = max(ws, oldest_within(min(limit, floor + int(ev.keep_steps * room) - aside)))
     elif isinstance(ev, Compact):
         k = ev.compact_count
         if total > limit + 2 * k:

@@ -176,15 +176,18 @@ def _low_water(eviction: LowWater, sizes: _Sizes, unit: str, limit: int) -> int:
     floor; whole turns are cut back to the floor plus ``keep`` of the room the limit
     leaves above it, and when that lands inside the running turn, its steps are cut back
     to the floor plus ``keep_steps`` of it. A token window also leaves room for the
-    digest the cut makes (it replaces the one ``reserved`` counts, at most as large).
+    digest the cut makes (it replaces the one ``reserved`` counts, at most as large),
+    when the window holds tool results to make one of.
     """
     floor = sizes.size(sizes.n - 1)
     room = max(0, limit - floor)
-    aside = int(limit * eviction.digest) if unit == "tokens" else 0
-    t = sizes.fit(floor + int(eviction.keep * room) - aside)
+    idx = sizes.idx
+    tools = idx.tool_tokens > idx.tools_at[0]  # a digest is only made of tool results
+    aside = int(limit * eviction.digest) if unit == "tokens" and tools else 0
+    t = sizes.fit(min(limit, floor + int(eviction.keep * room) - aside))
     pos, group, _ = sizes.at(t)
     if group == len(sizes.idx.starts) - 1 and pos != sizes.idx.starts[group]:
-        t = max(t, sizes.fit(floor + int(eviction.keep_steps * room) - aside))
+        t = max(t, sizes.fit(min(limit, floor + int(eviction.keep_steps * room) - aside)))
     return t
 
 
