@@ -56,7 +56,14 @@ from demote.state import (
 )
 from demote.summarize import ModelSummarizer, TemplateSummarizer
 from demote.window.planner import Plan, plan
-from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+from demote.window.policy import (
+    Bulk,
+    ClearToolResults,
+    Compact,
+    LowWater,
+    PerItem,
+    SlidingWindow,
+)
 
 __all__ = [
     "ArgumentTypeError",
@@ -89,6 +96,7 @@ __all__ = [
     "InMemoryStateStore",
     "Lease",
     "LeasingStateStore",
+    "LowWater",
     "MessageRecord",
     "MessageTypeError",
     "MissingExtraError",

@@ -9,9 +9,13 @@ never changed.
 
 from __future__ import annotations
 
-from typing import Any
-
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 
 from demote.engine import Window, render_progress, render_summary
 from demote.window.pairing import UNANSWERED, unanswered
@@ -19,24 +23,16 @@ from demote.window.pairing import UNANSWERED, unanswered
 __all__ = ["answer_dangling", "render_window"]
 
 
-def _with_note(message: BaseMessage, note: str) -> BaseMessage:
-    """A copy of ``message`` with ``note`` as one more text block at the end."""
-    content = message.content
-    blocks: list[Any] = (
-        [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
-    )
-    blocks.append({"type": "text", "text": note})
-    return message.model_copy(update={"content": blocks})
-
-
 def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     """The messages the model is sent for a window (a new list).
 
     In order: the pinned system messages; the running summary as one ``SystemMessage``
-    when the window starts at a turn; or, when it starts inside a turn, the turn's opener,
-    with the summary (of the earlier steps) appended to a copy of it as one more text
-    block, a progress note (a system message mid-conversation is refused by some
-    providers, two user messages in a row by others); then the kept messages, each
+    when the window starts at a turn; or, when it starts inside a turn, the turn's opener
+    as it is, then the summary (of the earlier steps) as a progress note in a
+    ``HumanMessage`` of its own (a system message mid-conversation is refused by some
+    providers; the opener stays byte-identical, so a new summary or digest does not make
+    the cache write the opener again; the providers' converters merge two user messages
+    in a row into one turn); then the kept messages, each
     cleared or clipped tool result as a copy whose content is the placeholder text
     (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
     messages are never changed.
@@ -50,7 +46,9 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
         if summary is not None:
             out.append(SystemMessage(render_summary(summary)))
     else:
-        out.append(opener if summary is None else _with_note(opener, render_progress(summary)))
+        out.append(opener)
+        if summary is not None:
+            out.append(HumanMessage(render_progress(summary)))
     if not (window.placeholders or window.clipped):
         out.extend(window.messages)
         return answer_dangling(out)

@@ -420,12 +420,17 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         events = list(window.events)
         recalled = 0
         if self.recall is not None:
+            # The opener's own words, not its progress note (the user message after it).
+            opener_at = len(window.pinned) if window.opener is not None else None
+            note_at = opener_at + 1 if opener_at is not None and window.summary else None
             at = next(
-                (i for i in range(len(sent) - 1, -1, -1) if message_role(sent[i]) == "user"),
+                (
+                    i
+                    for i in range(len(sent) - 1, -1, -1)
+                    if i != note_at and message_role(sent[i]) == "user"
+                ),
                 None,
             )
-            # The opener's own words, not its progress note.
-            opener_at = len(window.pinned) if window.opener is not None else None
             source = window.opener if at is not None and at == opener_at else None
             query = message_text(source or sent[at]) if at is not None else ""
             if at is not None and query.strip():

@@ -95,11 +95,13 @@ def _body(window: Window[ChatMessage]) -> list[ChatMessage]:
     body = shown(window)
     opener, summary = window.opener, window.summary
     if opener is not None and summary:
-        note = TextBlock(text=render_progress(summary))
-        body = [opener.model_copy(update={"blocks": [*opener.blocks, note]}), *window.messages]
+        # The opener as it is, then the note as a user message of its own (see
+        # langchain_demote.history.render_window: the opener stays byte-identical).
+        note = ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text=render_progress(summary))])
+        body = [opener, note, *window.messages]
     if not (window.placeholders or window.clipped):
         return body
-    out = body[:1] if opener is not None else []
+    out = body[: len(body) - len(window.messages)]
     for i, message in enumerate(window.messages, window.start):
         text = window.replacement(i)
         out.append(
@@ -162,6 +164,8 @@ def assemble(
     """
     body = _body(window)
     if recalled:
+        if at and window.opener is not None and window.summary:
+            at += 1  # the progress note follows the opener in the body, not in shown()
         body = [*body[:at], recall_message(recalled), *body[at:]]
     body = answer_dangling(body)
     if window.summary and window.opener is None:

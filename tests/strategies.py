@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 from demote.records import ConversationState, MessageRecord, fingerprint
 from demote.window.planner import Plan, turn_groups
-from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+from demote.window.policy import (
+    Bulk,
+    ClearToolResults,
+    Compact,
+    LowWater,
+    PerItem,
+    SlidingWindow,
+)
 from demote.window.tokens import MESSAGE_OVERHEAD, approximate_tokens
 
 
@@ -116,13 +123,24 @@ def conversations(
     return out
 
 
-def evictions(unit: str) -> st.SearchStrategy[PerItem | Bulk | Compact]:
+def low_waters() -> st.SearchStrategy[LowWater]:
+    """LowWater evictions, from the defaults to the extremes of each share."""
+    shares = st.sampled_from([0.0, 0.1, 0.2, 0.5, 0.8])
+    return st.one_of(
+        st.just(LowWater()),
+        st.builds(LowWater, keep=shares, keep_steps=shares, digest=st.just(0.0)),
+        st.builds(LowWater, keep=shares, keep_steps=shares, digest=st.sampled_from([0.05, 0.1])),
+    )
+
+
+def evictions(unit: str) -> st.SearchStrategy[PerItem | Bulk | Compact | LowWater]:
     """Every eviction strategy, with sizes that make sense for ``unit``."""
     top = 40 if unit == "tokens" else 6
     return st.one_of(
         st.just(PerItem()),
         st.builds(Bulk, overflow=st.integers(0, top)),
         st.builds(Compact, compact_count=st.integers(1, top)),
+        low_waters(),
     )
 
 
@@ -465,6 +483,20 @@ def reference_plan(
     over = limit + (ev.overflow if isinstance(ev, Bulk) else 0)
     if isinstance(ev, PerItem | Bulk) and total > over:
         ws = fit()
+    elif isinstance(ev, LowWater) and total > limit:
+        # Back to the floor (what cannot be cut) plus a share of the room above it, less
+        # the digest's room in a token window; inside the running turn, keep_steps' share.
+        floor = size(candidates[-1])
+        room = max(0, limit - floor)
+        tools = sum(costs[i][0] for i in range(start, end) if records[i].role == "tool") > 0
+        aside = int(limit * ev.digest) if policy.unit == "tokens" and tools else 0
+
+        def oldest_within(bound: int) -> int:
+            return next((c for c in candidates if size(c) <= bound), candidates[-1])
+
+        ws = oldest_within(min(limit, floor + int(ev.keep * room) - aside))
+        if ws not in groups:
+            ws = max(ws, oldest_within(min(limit, floor + int(ev.keep_steps * room) - aside)))
     elif isinstance(ev, Compact):
         k = ev.compact_count
         if total > limit + 2 * k:

@@ -30,10 +30,12 @@ from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
+from demote.window._steps import digest_tokens
 from demote.window.clearing import PLACEHOLDER_TOKENS
+from demote.window.digest import make_digest
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import ClearToolResults, Compact, SlidingWindow
-from demote.window.tokens import TokenCache
+from demote.window.tokens import MessageCounter, TokenCache, approximate_tokens
 
 __all__ = ["Windows"]
 
@@ -63,6 +65,13 @@ class Windows:
         self._tally = tally
         self._noop = noop  # the hook keeps nothing: it accepts everything at once
         self._summarizer = summarizer
+        self._digest = digest_tokens(policy)
+        text_counter = policy.resolved_counter()
+        # The digest's pieces are counted one by one, at a cut: a counter of whole
+        # framework messages would cost a model call each, so those are approximated.
+        self._count_text: Callable[[str], int] = (
+            approximate_tokens if isinstance(text_counter, MessageCounter) else text_counter
+        )
         clearing = policy.clearing
         self._head_tokens: int = (
             clearing.head_tokens
@@ -323,14 +332,22 @@ class Windows:
         trail = (
             state.trail if start == state.window_start else trail_at(state, start, p.pinned, view)
         )
+        summary, summarized = state.summary, state.summarized
+        lo = max(state.window_start, p.pinned, view.base)
+        if self._digest and start > lo:
+            # A LowWater cut: what it drops leaves its identifiers behind, committed with
+            # the window's start, so the prompt stays the same until the next cut.
+            dropped = view.records[lo - view.base : start - view.base]
+            summary = make_digest(summary, dropped, self._digest, self._count_text)
+            summarized = start if summary is not None else summarized
         # dataclasses.replace, without its introspection (this runs on most turns)
         return ConversationState(
             start,
             delivered,
             p.pinned,
             anchor,
-            state.summary,
-            state.summarized,
+            summary,
+            summarized,
             state.offset,
             state.generation,
             trail,

@@ -73,11 +73,12 @@ class Window(Generic[T]):
             limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
 
     How adapters render it for the model: ``pinned``, then the summary (one system
-    message, :func:`render_summary`) unless there is an ``opener``, then the opener (with
-    the summary as a progress note, :func:`render_progress`, appended to a copy of it as
-    one more text block: a system message mid-conversation is refused by some providers,
-    and a second user message in a row by others), then ``messages`` with
-    ``placeholders`` and ``clipped`` applied.
+    message, :func:`render_summary`) unless there is an ``opener``, then the opener as it
+    is, followed by the summary as a progress note (:func:`render_progress`) in a user
+    message of its own (a system message mid-conversation is refused by some providers;
+    kept apart, the opener stays byte-identical when the summary changes, so a prompt
+    cache does not write it again), then ``messages`` with ``placeholders`` and
+    ``clipped`` applied.
     """
 
     conversation_id: str

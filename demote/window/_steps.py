@@ -24,9 +24,16 @@ from dataclasses import dataclass
 
 from demote.window._groups import GroupIndex
 from demote.window.clearing import DEFAULT_HEAD_TOKENS, ResultCosts
-from demote.window.policy import Bulk, ClearToolResults, Compact, PerItem, SlidingWindow
+from demote.window.policy import (
+    Bulk,
+    ClearToolResults,
+    Compact,
+    LowWater,
+    PerItem,
+    SlidingWindow,
+)
 
-__all__ = ["Cut", "cut", "result_costs"]
+__all__ = ["Cut", "cut", "digest_tokens", "result_costs"]
 
 
 def result_costs(policy: SlidingWindow) -> ResultCosts:
@@ -168,6 +175,36 @@ def _compact(idx: GroupIndex, unit: str, k: int) -> tuple[int, int] | None:
     return cuts[first], cuts[covered]
 
 
+def digest_tokens(policy: SlidingWindow) -> int:
+    """Tokens a :class:`LowWater` token window sets aside for the digest of dropped steps."""
+    eviction = policy.eviction
+    if policy.unit != "tokens" or not isinstance(eviction, LowWater):
+        return 0
+    return int(policy.limit * eviction.digest)
+
+
+def _low_water(eviction: LowWater, sizes: _Sizes, unit: str, limit: int) -> int:
+    """The candidate a :class:`LowWater` cut goes back to (the window is over ``limit``).
+
+    What cannot be cut (pinned messages, ``reserved``, the opener, the newest step) is the
+    floor; whole turns are cut back to the floor plus ``keep`` of the room the limit
+    leaves above it, and when that lands inside the running turn, its steps are cut back
+    to the floor plus ``keep_steps`` of it. A token window also leaves room for the
+    digest the cut makes (it replaces the one ``reserved`` counts, at most as large),
+    when the window holds tool results to make one of.
+    """
+    floor = sizes.size(sizes.n - 1)
+    room = max(0, limit - floor)
+    idx = sizes.idx
+    tools = idx.tool_tokens > idx.tools_at[0]  # a digest is only made of tool results
+    aside = int(limit * eviction.digest) if unit == "tokens" and tools else 0
+    t = sizes.fit(min(limit, floor + int(eviction.keep * room) - aside))
+    pos, group, _ = sizes.at(t)
+    if group == len(sizes.idx.starts) - 1 and pos != sizes.idx.starts[group]:
+        t = max(t, sizes.fit(min(limit, floor + int(eviction.keep_steps * room) - aside)))
+    return t
+
+
 def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> Cut:
     """Clear, then cut the window region ``idx`` describes (see the module docstring).
 
@@ -198,6 +235,9 @@ def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> C
     elif isinstance(eviction, Bulk):
         if total > limit + eviction.overflow:
             t = sizes.fit(limit)
+    elif isinstance(eviction, LowWater):
+        if total > limit:
+            t = _low_water(eviction, sizes, unit, limit)
     elif isinstance(eviction, Compact):
         k = eviction.compact_count
         if total > limit + 2 * k:

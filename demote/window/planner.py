@@ -46,6 +46,11 @@ to the next, so every cut is a bisection over the index's cumulative sums:
 - ``PerItem``: while the window is over the limit, drop its oldest group (or step).
 - ``Bulk(overflow)``: only when the window is over ``limit + overflow``, cut back to
   ``limit``. Between cuts the start stays put (a stable prompt prefix).
+- ``LowWater(keep, keep_steps, digest)`` (the token default): only when the window is
+  over ``limit``, cut back to the floor (what cannot be cut) plus ``keep`` of the room
+  above it, or ``keep_steps`` of it when that lands inside the running turn, less the
+  digest's room in a token window. Between cuts the start stays put; the engine commits
+  the digest of what a cut drops (:mod:`demote.window.digest`) with the new start.
 - ``Compact(k)``: over ``limit + k``, mark the oldest whole groups worth at least ``k``
   units (in a lone running turn, its oldest steps after the opener) as pending compaction
   (``Plan.compact``; the engine summarizes them); over ``limit + 2k``, fall back to bulk.

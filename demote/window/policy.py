@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from demote._validate import MAX_COUNT
@@ -29,7 +30,16 @@ from demote.errors import ConfigError
 from demote.window.clearing import DEFAULT_HEAD_TOKENS
 from demote.window.tokens import counter_name, resolve_counter
 
-__all__ = ["Bulk", "ClearToolResults", "Compact", "Eviction", "PerItem", "SlidingWindow", "Unit"]
+__all__ = [
+    "Bulk",
+    "ClearToolResults",
+    "Compact",
+    "Eviction",
+    "LowWater",
+    "PerItem",
+    "SlidingWindow",
+    "Unit",
+]
 
 Unit = Literal["messages", "turns", "tokens"]
 
@@ -107,7 +117,47 @@ class Compact(_Model):
     compact_count: Annotated[int, Field(ge=1, le=MAX_COUNT, strict=True)]
 
 
-Eviction = Annotated[PerItem | Bulk | Compact, Field(discriminator="kind")]
+class LowWater(_Model):
+    """Let the window fill up to its limit, then cut it back well below it, at once.
+
+    The default for token windows: it keeps provider prompt caches warm, and "never more
+    than the limit" keeps its meaning. Between cuts nothing before the newest step
+    changes, so every call reads the window from the cache and writes only what was
+    appended; a cut rewrites what it keeps, so it keeps little, and cuts are rare.
+
+    The cut goes back to ``keep`` of what the limit leaves after the fixed part (pinned
+    system messages, tools, the opener), or to ``keep_steps`` of it when the cut falls
+    inside the running turn (an agent's steps: their identifiers stay in the digest, and
+    the archive keeps them whole).
+
+    In a token window, the steps a cut drops leave a *digest* behind: the identifiers
+    their tool results held (paths, ids, numbers: what an agent copies into its next
+    call), newest first, within ``digest`` of the limit. It is sent where a summary is
+    (after the opener, or as a system message), is made at the cut without a model call,
+    and changes only at the next cut. ``digest=0`` turns it off.
+
+    Attributes:
+        keep: Share of the limit (after the fixed part) kept when whole turns are cut.
+        keep_steps: Share kept when the cut falls inside the running turn.
+        digest: Share of a token limit the digest of dropped steps may take (``0``: none).
+    """
+
+    kind: Literal["low_water"] = "low_water"
+    keep: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
+    keep_steps: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.2
+    digest: Annotated[float, Field(ge=0.0, le=0.5)] = 0.1
+
+    @model_validator(mode="after")
+    def _fits(self) -> Self:
+        if self.digest and max(self.keep, self.keep_steps) + self.digest >= 1.0:
+            raise ConfigError(
+                f"LowWater: keep ({self.keep}) or keep_steps ({self.keep_steps}) plus digest "
+                f"({self.digest}) must stay below 1, or a cut could not get under the limit"
+            )
+        return self
+
+
+Eviction = Annotated[PerItem | Bulk | Compact | LowWater, Field(discriminator="kind")]
 
 
 class ClearToolResults(_Model):
@@ -147,7 +197,8 @@ class SlidingWindow(_Model):
     Attributes:
         unit: ``messages``, ``turns`` (turn groups) or ``tokens``.
         limit: The window's size in ``unit``.
-        eviction: :class:`PerItem` (default), :class:`Bulk` or :class:`Compact`.
+        eviction: :class:`LowWater` (the default for ``unit="tokens"``), :class:`PerItem`
+            (the default for messages and turns), :class:`Bulk` or :class:`Compact`.
         pin_system: Leading system messages always stay and do not count.
         counter: Token counter for ``unit="tokens"``: ``"approx"`` (default),
             ``"tiktoken"``, a name given to :func:`~demote.window.tokens.register_counter`, or
@@ -167,6 +218,15 @@ class SlidingWindow(_Model):
     unit: Unit
     limit: Annotated[int, Field(gt=0, le=MAX_COUNT, strict=True)]
     eviction: Eviction = Field(default_factory=PerItem)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_eviction(cls, data: Any) -> Any:
+        # A token window is cache-true unless told otherwise (see LowWater).
+        if isinstance(data, dict) and data.get("unit") == "tokens" and data.get("eviction") is None:
+            return {**data, "eviction": LowWater()}
+        return data
+
     pin_system: bool = True
     counter: str | Callable[[str], int] = "approx"
     clearing: ClearToolResults | None = None
@@ -190,14 +250,22 @@ class SlidingWindow(_Model):
 
     @classmethod
     def last_messages(
-        cls, n: int, *, eviction: PerItem | Bulk | Compact | None = None, pin_system: bool = True
+        cls,
+        n: int,
+        *,
+        eviction: PerItem | Bulk | Compact | LowWater | None = None,
+        pin_system: bool = True,
     ) -> SlidingWindow:
         """Keep the newest ``n`` messages (whole turn groups)."""
         return cls(unit="messages", limit=n, eviction=eviction or PerItem(), pin_system=pin_system)
 
     @classmethod
     def last_turns(
-        cls, n: int, *, eviction: PerItem | Bulk | Compact | None = None, pin_system: bool = True
+        cls,
+        n: int,
+        *,
+        eviction: PerItem | Bulk | Compact | LowWater | None = None,
+        pin_system: bool = True,
     ) -> SlidingWindow:
         """Keep the newest ``n`` turn groups."""
         return cls(unit="turns", limit=n, eviction=eviction or PerItem(), pin_system=pin_system)
@@ -208,15 +276,22 @@ class SlidingWindow(_Model):
         n: int,
         *,
         counter: str | Callable[[str], int] = "approx",
-        eviction: PerItem | Bulk | Compact | None = None,
+        eviction: PerItem | Bulk | Compact | LowWater | None = None,
         pin_system: bool = True,
     ) -> SlidingWindow:
-        """Keep the newest turn groups that fit in ``n`` tokens."""
+        """Never send more than ``n`` tokens; cut back in cache-friendly batches.
+
+        The default eviction is :class:`LowWater`: the window fills up to ``n``, then is
+        cut well below it at once, so between cuts the prompt only grows at its end and
+        provider prompt caches keep hitting. ``eviction=PerItem()`` keeps the newest turn
+        groups (or steps) that fit at every call instead: the most context per call, but
+        the start moves at every call, and a cached prompt is written anew each time.
+        """
         return cls(
             unit="tokens",
             limit=n,
             counter=counter,
-            eviction=eviction or PerItem(),
+            eviction=eviction or LowWater(),
             pin_system=pin_system,
         )
 

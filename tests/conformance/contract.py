@@ -96,8 +96,9 @@ POLICIES: dict[str, SlidingWindow] = {
     "messages-bulk": SlidingWindow.last_messages(6, eviction=Bulk(overflow=4)),
     "turns-peritem": SlidingWindow.last_turns(3),
     "turns-bulk": SlidingWindow.last_turns(3, eviction=Bulk(overflow=2)),
-    "tokens-peritem": SlidingWindow.last_tokens(120),
+    "tokens-peritem": SlidingWindow.last_tokens(120, eviction=PerItem()),
     "tokens-bulk": SlidingWindow.last_tokens(120, eviction=Bulk(overflow=60)),
+    "tokens-lowwater": SlidingWindow.last_tokens(120),  # the default: LowWater
 }
 
 _WORDS: tuple[str, ...] = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
@@ -169,7 +170,9 @@ def check_window(
     assert size <= allowance or single_group, f"window of {size} over {allowance}"
     # Tightness: PerItem (and Bulk right after a cut) drops no group it could have kept.
     cut = previous_start is not None and start != previous_start
-    if start > pinned and (isinstance(policy.eviction, PerItem) or cut):
+    # LowWater cuts well below the limit on purpose (cache-true); the bound is its check.
+    tight = isinstance(policy.eviction, PerItem) or (cut and isinstance(policy.eviction, Bulk))
+    if start > pinned and tight:
         before = history[pinned:start]
         last_user = max(i for i, (role, _) in enumerate(before) if role == "user")
         assert _size(driver, before[last_user:] + kept) + head > policy.limit, "trimmed too much"

@@ -32,8 +32,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from bench.agent_run import run_agent
 from bench.agent_traces import long_request, oversized, parallel
-from demote import Bulk, Compact, Demoter, PerItem, SlidingWindow
-from demote.engine import SUMMARY_PREFIX
+from demote import Bulk, Compact, Demoter, LowWater, PerItem, SlidingWindow
+from demote.engine import PROGRESS_PREFIX, SUMMARY_PREFIX
 from demote.summarize import TemplateSummarizer
 from demote.window.planner import turn_groups
 from demote.window.policy import ClearToolResults
@@ -219,7 +219,7 @@ def _slack(policy: SlidingWindow) -> int:
         return ev.overflow
     if isinstance(ev, Compact):
         return 2 * ev.compact_count
-    assert isinstance(ev, PerItem)
+    assert isinstance(ev, PerItem | LowWater)
     return 0
 
 
@@ -233,6 +233,7 @@ def _size(policy: SlidingWindow, demoter: Demoter, sent: Sequence[BaseMessage], 
         m
         for m in sent[skip:]
         if not (isinstance(m, SystemMessage) and m.text.startswith(SUMMARY_PREFIX))
+        and not (isinstance(m, HumanMessage) and m.text.startswith(PROGRESS_PREFIX))
     ]
     records = [to_core(m, demoter.describe) for m in body]
     if policy.unit == "tokens":

@@ -28,6 +28,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field
 
 from demote import Demoter, SlidingWindow, StateStore
+from demote.engine import PROGRESS_PREFIX
 from demote.erase import EraseReport
 from langchain_demote import DemotingChatMessageHistory
 from langchain_demote.messages import message_role, message_text
@@ -192,7 +193,11 @@ class ScriptedToolModel(BaseChatModel):
     ) -> ChatResult:
         with self.lock:
             self.calls.append(list(messages))
-        last = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+        last = max(
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m, HumanMessage) and not message_text(m).startswith(PROGRESS_PREFIX)
+        )
         return ChatResult(generations=[ChatGeneration(message=self.reply(messages, last))])
 
 

@@ -28,7 +28,7 @@ from llama_index.core.utils import get_tokenizer
 from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from demote import Bulk, Recalled, SlidingWindow
+from demote import Bulk, PerItem, Recalled, SlidingWindow
 from llamaindex_demote import DemotingMemory
 from tests.conformance.contract import RecordingHook
 
@@ -93,7 +93,9 @@ async def test_small_limit_collapses_theirs_not_ours(engine: AsyncEngine) -> Non
     theirs = Memory.from_defaults(session_id="s", token_limit=500, async_engine=engine)
     hook = RecordingHook()
     ours = DemotingMemory.from_defaults(
-        policy=SlidingWindow.last_tokens(350, counter=count), hook=hook, chat_store_key="s"
+        policy=SlidingWindow.last_tokens(350, counter=count, eviction=PerItem()),
+        hook=hook,
+        chat_store_key="s",
     )
     assert theirs.token_flush_size == 350  # 3000 clipped to 0.7 * 500: the whole budget
     seen_theirs, seen_ours = await drive([theirs, ours], 60, 30)

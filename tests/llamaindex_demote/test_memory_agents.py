@@ -239,14 +239,15 @@ def test_assemble_sends_copies_with_placeholders_and_the_progress_note() -> None
         opener=opener, clipped={6: "long\n[clipped]"}, opener_index=0,
     )  # fmt: skip
     out = assemble(window)
-    assert [m.role for m in out] == ["system", "user", "assistant", "tool"]
-    assert [b.text for b in out[1].blocks if isinstance(b, TextBlock)] == [
-        "do the job",
-        PROGRESS_PREFIX + "read page 0",
+    assert [m.role for m in out] == ["system", "user", "user", "assistant", "tool"]
+    # The opener as stored (byte-identical when the summary changes), then the note.
+    assert out[1] is opener
+    assert [b.text for b in out[2].blocks if isinstance(b, TextBlock)] == [
+        PROGRESS_PREFIX + "read page 0"
     ]
     assert text_of(opener) == "do the job", "the stored opener is not changed"
-    assert out[2] is call
-    assert text_of(out[3]) == "long\n[clipped]" and out[3].additional_kwargs["tool_call_id"] == "c1"
+    assert out[3] is call
+    assert text_of(out[4]) == "long\n[clipped]" and out[4].additional_kwargs["tool_call_id"] == "c1"
     assert text_of(result) == "long content", "the stored result is not changed"
     # Recall at 0 goes before the opener; a hit on the opener itself is not sent.
     from llamaindex_demote._prompt import _visible

@@ -72,7 +72,7 @@ def test_system_messages_are_pinned_not_counted() -> None:
 
 def test_bulk_is_cheaper_than_per_item_at_the_same_limit() -> None:
     pairs = chat(3000)
-    per_item = replay(pairs, SlidingWindow.last_tokens(2000))
+    per_item = replay(pairs, SlidingWindow.last_tokens(2000, eviction=PerItem()))
     bulk = replay(pairs, SlidingWindow.last_tokens(2000, eviction=Bulk(overflow=1000)))
     assert per_item.guaranteed_tokens is not None
     assert bulk.guaranteed_tokens is not None

@@ -1,0 +1,202 @@
+"""LowWater, the default token window: cut rarely, well below the limit, leave a digest.
+
+The properties a prompt cache needs: between cuts the window only grows at its end (the
+start does not move and nothing before the newest step changes), a cut goes back well
+below the limit, and the digest of what a cut dropped changes only at cuts. Plus the
+digest's own contract: the identifiers an agent copies, newest first, within its budget.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from demote import ConfigError, Demoter, LowWater, PerItem, SlidingWindow
+from demote.records import MessageRecord, fingerprint
+from demote.window.digest import DIGEST_LEAD, identifiers, make_digest
+from demote.window.tokens import approximate_tokens
+from tests.strategies import Msg, agent_histories, record_of
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- the policy ---------------------------------------------------------------------------
+
+
+def test_token_windows_default_to_low_water_and_others_to_per_item() -> None:
+    assert SlidingWindow.last_tokens(4000).eviction == LowWater()
+    assert SlidingWindow(unit="tokens", limit=10).eviction == LowWater()
+    assert SlidingWindow.from_json('{"unit": "tokens", "limit": 10}').eviction == LowWater()
+    assert SlidingWindow.last_tokens(4000, eviction=PerItem()).eviction == PerItem()
+    assert SlidingWindow.last_messages(6).eviction == PerItem()
+    assert SlidingWindow.last_turns(3).eviction == PerItem()
+
+
+def test_low_water_round_trips_through_json() -> None:
+    policy = SlidingWindow.last_tokens(
+        8000, eviction=LowWater(keep=0.4, keep_steps=0.0, digest=0.05)
+    )
+    assert SlidingWindow.from_json(policy.to_json()) == policy
+    assert json.loads(policy.to_json())["eviction"]["kind"] == "low_water"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"keep": 1.0}, "keep"),
+        ({"keep_steps": -0.1}, "keep_steps"),
+        ({"digest": 0.6}, "digest"),
+        ({"keep": 0.95, "digest": 0.1}, "must stay below 1"),
+        ({"keep": "half"}, "keep"),
+    ],
+)
+def test_bad_low_water_is_a_config_error_naming_the_field(
+    kwargs: dict[str, object], names: str
+) -> None:
+    with pytest.raises(ConfigError, match=names):
+        LowWater(**kwargs)  # type: ignore[arg-type]
+
+
+# -- the digest ---------------------------------------------------------------------------
+
+
+def test_identifiers_are_the_pieces_agents_copy() -> None:
+    text = (
+        'Reservation "RSV-20931" for user_42 at 10:45; see /srv/app/models.py:118 '
+        "(build 1.8.2, mail ops@example.com) okay yes plain-words andsoon"
+    )
+    assert list(identifiers(text)) == [
+        "RSV-20931",
+        "user_42",
+        "/srv/app/models.py",
+        "ops@example.com",
+        "plain-words",
+    ]
+    # Short runs, runs without a digit or mark, and blobs are not identifiers.
+    assert list(identifiers("abc12 word abcdefgh " + "x1" * 100)) == []
+
+
+def test_identifiers_split_at_every_separator_of_the_definition() -> None:
+    text = "a/b/c1d\tid_0001,ver-2.0;key:val(x_1234)[y_5678]{z_9012}<w_3456>=v_7890|u_1111'q_2222\""
+    assert list(identifiers(text)) == [
+        "a/b/c1d",
+        "id_0001",
+        "ver-2.0",
+        "x_1234",
+        "y_5678",
+        "z_9012",
+        "w_3456",
+        "v_7890",
+        "u_1111",
+        "q_2222",
+    ]
+
+
+def _tool(text: str) -> MessageRecord:
+    return MessageRecord("tool", text, fingerprint("tool", text), approximate_tokens(text))
+
+
+def test_digest_is_newest_first_deduplicated_and_within_budget() -> None:
+    dropped = [
+        _tool("opened /a/first.py and id_0001"),
+        MessageRecord("assistant", "call /a/skip.py", "f", 3),  # only tool results count
+        _tool("opened /a/second.py and id_0001 again"),
+    ]
+    digest = make_digest(None, dropped, 200, approximate_tokens)
+    assert digest is not None and digest.startswith(DIGEST_LEAD)
+    assert digest[len(DIGEST_LEAD) :].split(" ") == ["/a/second.py", "id_0001", "/a/first.py"]
+    again = make_digest(digest, [_tool("wrote /b/third.py")], 200, approximate_tokens)
+    assert again is not None
+    assert again[len(DIGEST_LEAD) :].split(" ")[:2] == ["/b/third.py", "/a/second.py"]
+
+
+def test_digest_budget_keeps_the_newest_and_nothing_new_keeps_the_old() -> None:
+    many = [_tool(f"file /src/module_{i:04d}.py") for i in range(500)]
+    digest = make_digest(None, many, 120, approximate_tokens)
+    assert digest is not None
+    assert approximate_tokens(digest) <= 120
+    kept = digest[len(DIGEST_LEAD) :].split(" ")
+    assert kept[0] == "/src/module_0499.py"
+    assert "/src/module_0000.py" not in kept
+    assert make_digest(digest, [_tool("no identifiers here at all")], 120, approximate_tokens) == (
+        digest
+    )
+    assert make_digest(None, many, 5, approximate_tokens) is None  # no room for any
+
+
+# -- the window through the engine --------------------------------------------------------
+
+
+def _records(msgs: list[Msg]) -> list[MessageRecord]:
+    return [record_of(m) for m in msgs]
+
+
+def _shown(window: object) -> list[tuple[str, str]]:
+    w = window  # a Window[MessageRecord]
+    out = [(r.role, r.text) for r in w.pinned]  # type: ignore[attr-defined]
+    if w.summary is not None:  # type: ignore[attr-defined]
+        out.append(("summary", w.summary))  # type: ignore[attr-defined]
+    if w.opener is not None:  # type: ignore[attr-defined]
+        out.append((w.opener.role, w.opener.text))  # type: ignore[attr-defined]
+    for i, r in enumerate(w.messages, w.start):  # type: ignore[attr-defined]
+        out.append((r.role, w.replacement(i) or r.text))  # type: ignore[attr-defined]
+    return out
+
+
+@SETTINGS
+@given(
+    msgs=agent_histories(),
+    limit=st.integers(30, 200),
+    ev=st.sampled_from([LowWater(), LowWater(keep_steps=0.0, digest=0.0), LowWater(keep=0.8)]),
+)
+def test_between_cuts_the_window_only_grows_at_its_end(
+    msgs: list[Msg], limit: int, ev: LowWater
+) -> None:
+    """Replayed load by load: a window extends the previous one unless its start moved.
+
+    What the model is sent (pinned, the digest, the opener, the kept messages with their
+    placeholders) is byte-identical up to the newest messages between cuts, so a prompt
+    cache reads all of it; only a cut (the start moves) changes anything before the end.
+    """
+    policy = SlidingWindow.last_tokens(limit, eviction=ev)
+    records = _records(msgs)
+    demoter = Demoter(policy)
+    previous: tuple[int, list[tuple[str, str]]] | None = None
+    try:
+        for end in range(1, len(records) + 1):
+            window = demoter.load("c", records[:end], lambda r: r)
+            shown = _shown(window)
+            if previous is not None and window.start == previous[0]:
+                assert shown[: len(previous[1])] == previous[1], "changed between cuts"
+            previous = (window.start, shown)
+    finally:
+        demoter.close()
+
+
+def test_a_cut_drops_steps_leaves_their_identifiers_and_goes_well_below_the_limit() -> None:
+    steps: list[Msg] = [Msg("user", "fix the bug in the parser " * 5)]
+    for i in range(40):
+        cid = f"call_{i}"
+        steps.append(Msg("assistant", f"looking {i}", opens=(cid,)))
+        steps.append(Msg("tool", f"found /src/pkg/mod_{i:03d}.py line {i} " * 6, answers=cid))
+    records = _records(steps)
+    limit = 600
+    demoter = Demoter(SlidingWindow.last_tokens(limit))
+    starts: list[int] = []
+    try:
+        for end in range(2, len(records) + 1):
+            window = demoter.load("c", records[:end], lambda r: r)
+            starts.append(window.start)
+        assert window.opener is not None and window.opener.text == records[0].text
+        assert window.summary is not None and window.summary.startswith(DIGEST_LEAD)
+        assert "/src/pkg/mod_000.py" not in [r.text for r in window.messages]
+        dropped = [i for i in range(40) if 2 * i + 1 < window.start]
+        assert dropped and f"/src/pkg/mod_{dropped[-1]:03d}.py" in window.summary
+        moves = sum(1 for a, b in pairwise(starts) if b != a)
+        assert 0 < moves <= len(starts) // 4, (moves, len(starts))  # cuts are rare
+    finally:
+        demoter.close()
