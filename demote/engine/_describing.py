@@ -3,7 +3,8 @@
 :func:`describe_message` is what :meth:`demote.Demoter.describe` does (adapters call it
 from ``to_core``): it checks what an adapter hands over, takes the fingerprint (role,
 text, tool calls, the call a result answers, the calls' arguments and the content blocks)
-and the tokens a provider bills for it, counted once per fingerprint by the Demoter's
+and the tokens a provider bills for it (its role and, for a tool result, the tool's name
+included, as langchain-core counts them), counted once per fingerprint by the Demoter's
 :class:`~demote.window.tokens.TokenCache`.
 """
 
@@ -63,5 +64,14 @@ def describe_message(
     if to_data is not None and not callable(to_data):
         raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
     fp = fingerprint(role, text, opens, answers, parts_digest(calls, blocks))
-    counted = tokens.count(fp, text, calls=calls, blocks=blocks, answers=answers, message=message)
+    counted = tokens.count(
+        fp,
+        text,
+        calls=calls,
+        blocks=blocks,
+        answers=answers,
+        role=role,
+        name=tool,
+        message=message,
+    )
     return MessageRecord(cast("Role", role), text, fp, counted, opens, answers, tool, to_data)

@@ -254,7 +254,7 @@ class Windows:
         if state.summary is None or self.policy.unit != "tokens":
             return reserved
         text = render_summary(state.summary)
-        return reserved + self.tokens.count(fingerprint("system", text), text)
+        return reserved + self.tokens.count(fingerprint("system", text), text, role="system")
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.
