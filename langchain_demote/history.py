@@ -53,7 +53,7 @@ from demote.records import CapturedTurn, MessageRecord, make_key
 from demote.state.base import validate_conversation_id
 from demote.window.pairing import UNANSWERED, unanswered
 from langchain_demote.callbacks import adispatch_events, dispatch_events
-from langchain_demote.messages import message_text, to_core
+from langchain_demote.messages import message_text, replaced, to_core
 
 __all__ = [
     "UNANSWERED",
@@ -87,7 +87,9 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     block, a progress note (a system message mid-conversation is refused by some
     providers, two user messages in a row by others); then the kept messages, each
     cleared or clipped tool result as a copy whose content is the placeholder text
-    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
+    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept), each assistant
+    message whose calls are too large as a copy with its long argument values cut
+    (:func:`~langchain_demote.messages.replaced`). The stored
     messages are never changed.
 
     Args:
@@ -103,9 +105,9 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     if not (window.placeholders or window.clipped):
         out.extend(window.messages)
         return answer_dangling(out)
-    for i, message in enumerate(window.messages, window.start):
-        text = window.replacement(i)
-        out.append(message if text is None else message.model_copy(update={"content": text}))
+    out.extend(
+        replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
+    )
     return answer_dangling(out)
 
 

@@ -9,8 +9,9 @@ opener comes right after the pinned messages and the running summary is appended
 copy of it as one more text block, a progress note (not a system message mid-
 conversation, which some providers refuse, nor a second user message in a row, which
 others refuse). Cleared and clipped tool results are sent as copies whose only block is
-the placeholder text; their ``additional_kwargs`` (``tool_call_id``, ``name``) stay.
-The chat store's messages are never changed.
+the placeholder text; their ``additional_kwargs`` (``tool_call_id``, ``name``) stay. An
+assistant message whose calls are too large is sent with its long argument values cut
+(:func:`~llamaindex_demote.messages.replaced`). The chat store's messages are never changed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from llamaindex_demote.messages import (
     from_core,
     opened_calls,
     recall_message,
+    replaced,
     text_of,
     tool_calls,
 )
@@ -100,13 +102,9 @@ def _body(window: Window[ChatMessage]) -> list[ChatMessage]:
     if not (window.placeholders or window.clipped):
         return body
     out = body[:1] if opener is not None else []
-    for i, message in enumerate(window.messages, window.start):
-        text = window.replacement(i)
-        out.append(
-            message
-            if text is None
-            else message.model_copy(update={"blocks": [TextBlock(text=text)]})
-        )
+    out.extend(
+        replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
+    )
     return out
 
 

@@ -15,7 +15,11 @@ from typing import Any, cast
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLES, MessageRecord, Role, fingerprint, parts_digest
-from demote.window.tokens import TokenCache
+from demote.window.clearing import LONG_ARG_CHARS, call_marker, clip_calls
+from demote.window.tokens import MessageCounter, TokenCache
+
+# The length of every dedup key (``make_key``): a clipped call's marker names one.
+_KEY_STAND_IN = "0" * 32
 
 __all__ = ["describe_message"]
 
@@ -74,4 +78,31 @@ def describe_message(
         name=tool,
         message=message,
     )
-    return MessageRecord(cast("Role", role), text, fp, counted, opens, answers, tool, to_data)
+    clipped = None
+    if role == "assistant" and calls and counted > LONG_ARG_CHARS // 4:
+        clipped = _clipped_tokens(tokens, fp, text, calls, blocks, counted)
+    return MessageRecord(
+        cast("Role", role), text, fp, counted, opens, answers, tool, to_data, clipped
+    )
+
+
+def _clipped_tokens(
+    tokens: TokenCache,
+    fp: str,
+    text: str,
+    calls: Sequence[Mapping[str, Any]],
+    blocks: Sequence[object],
+    counted: int,
+) -> int | None:
+    """What the message counts with its long argument values cut (``None``: none is long).
+
+    Counted as the window sends it (:func:`~demote.window.clearing.clip_calls` with the
+    marker of a key of the same length), once per fingerprint. A whole-message counter
+    has no text counter to count the cut form with: such calls are not clipped.
+    """
+    if isinstance(tokens.counter, MessageCounter):
+        return None
+    clip = clip_calls(calls, call_marker(_KEY_STAND_IN, counted))
+    if clip is None:
+        return None
+    return tokens.count(fp + "/clipped", text, calls=clip, blocks=blocks, role="assistant")

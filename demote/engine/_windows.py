@@ -21,6 +21,7 @@ from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
+from demote.window._steps import result_costs
 from demote.window.clearing import PLACEHOLDER_TOKENS
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import ClearToolResults, Compact, SlidingWindow
@@ -112,8 +113,9 @@ class Windows:
         records, base = work.view.records, work.view.base
         indexes = sorted((*fresh, *clipped))
         before = sum(records[i - base].tokens for i in indexes)
-        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
-            self._head_tokens + PLACEHOLDER_TOKENS
+        costs = result_costs(self.policy)  # a clipped result's head, or a call's cut form
+        after = len(fresh) * PLACEHOLDER_TOKENS + sum(
+            costs.cost(records[i - base]) for i in clipped
         )
         keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
         return DemoteEvent(
