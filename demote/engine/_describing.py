@@ -15,11 +15,8 @@ from typing import Any, cast
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLES, MessageRecord, Role, fingerprint, parts_digest
-from demote.window.clearing import LONG_ARG_CHARS, call_marker, clip_calls
+from demote.window.clearing import KEY_STAND_IN, LONG_ARG_CHARS, call_marker, clip_calls
 from demote.window.tokens import MessageCounter, TokenCache
-
-# The length of every dedup key (``make_key``): a clipped call's marker names one.
-_KEY_STAND_IN = "0" * 32
 
 __all__ = ["describe_message"]
 
@@ -102,7 +99,7 @@ def _clipped_tokens(
     """
     if isinstance(tokens.counter, MessageCounter):
         return None
-    clip = clip_calls(calls, call_marker(_KEY_STAND_IN, counted))
+    clip = clip_calls(calls, call_marker(KEY_STAND_IN, counted))
     if clip is None:
         return None
     return tokens.count(fp + "/clipped", text, calls=clip, blocks=blocks, role="assistant")

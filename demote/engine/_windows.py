@@ -22,7 +22,6 @@ from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
 from demote.window._steps import result_costs
-from demote.window.clearing import PLACEHOLDER_TOKENS
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import ClearToolResults, Compact, SlidingWindow
 from demote.window.tokens import TokenCache
@@ -113,8 +112,8 @@ class Windows:
         records, base = work.view.records, work.view.base
         indexes = sorted((*fresh, *clipped))
         before = sum(records[i - base].tokens for i in indexes)
-        costs = result_costs(self.policy)  # a clipped result's head, or a call's cut form
-        after = len(fresh) * PLACEHOLDER_TOKENS + sum(
+        costs = result_costs(self.policy)  # placeholders, clipped heads, cut calls
+        after = sum(costs.placeholder(records[i - base]) for i in fresh) + sum(
             costs.cost(records[i - base]) for i in clipped
         )
         keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
