@@ -202,3 +202,28 @@ def test_llamaindex_counts_the_same_messages_the_same_way() -> None:
         for m in messages:
             ours = to_core(m, d.describe).tokens
             assert li_to_core(as_llamaindex(m), d.describe).tokens == ours, (name, m)
+
+
+@pytest.mark.skipif(TRACES is None, reason="../shared/data/agent_traces is absent (dev set)")
+@pytest.mark.parametrize("clearing", [False, True], ids=["last_tokens", "clearing"])
+def test_no_window_of_the_real_runs_is_over_the_limit_by_langchains_count(clearing: bool) -> None:
+    """Replayed call by call: what each model call is sent, placeholders and clipped results
+    included, counted by LangChain, stays within the limit (beyond the reported overhang)."""
+    from demote import ClearToolResults
+    from langchain_demote.history import render_window
+
+    limit = 4000
+    stage = ClearToolResults(trigger=limit // 2, keep=3, clear_at_least=limit // 8)
+    policy = SlidingWindow(unit="tokens", limit=limit, clearing=stage if clearing else None)
+    over, requests, shown = [], 0, 0
+    for name, messages in _real_runs():
+        d = Demoter(policy)
+        for end in _requests(messages):
+            window = d.load(name, messages[:end], lambda m, d=d: to_core(m, d.describe))
+            sent = count_tokens_approximately(render_window(window))
+            requests += 1
+            shown += bool(window.placeholders or window.clipped)
+            if sent > limit + window.overhang:
+                over.append((name, end, sent, window.overhang))
+    assert requests > 1000 and shown > 50  # placeholders and clipped results were sent
+    assert over == []
