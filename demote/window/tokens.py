@@ -8,7 +8,7 @@ its text; any other block by its JSON), plus :data:`MESSAGE_OVERHEAD` for the fr
 Under ``"approx"`` the message's own characters are counted as one text, rounded up once,
 as langchain-core's ``count_tokens_approximately`` counts a message, so a text-only agent
 request counts within 2% of LangChain's count (on the 31 real runs of the development set:
-at most 0.3%; ``tests/demote/window/test_tokens_traces.py`` holds the bound);
+the same count; ``tests/demote/window/test_tokens_traces.py`` holds the bound);
 docs/counting-and-records.md gives the estimates and their sources.
 
 The text counter is ``"approx"`` (characters / 4, rounded up, as langchain-core

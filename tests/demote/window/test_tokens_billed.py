@@ -1,7 +1,7 @@
 """Billed counting: tool calls, tool results, media and reasoning, against LangChain's count.
 
 The traces are agent-like and built offline (coding, research, customer service, parallel
-calls, Anthropic-style content blocks); the default count must stay within 15% of
+calls, Anthropic-style content blocks); the default count must stay within 2% of
 langchain-core's ``count_tokens_approximately`` on each.
 """
 
