@@ -216,6 +216,9 @@ class MessageRecord:
             framework message, when it is delivered (a shared function of the adapter,
             so a cached record holds one reference, not the form); ``None``: the
             record's text and ids are all a hook gets.
+        clipped_tokens: What an assistant message counts when its long tool-call argument
+            values are cut (:func:`demote.window.clearing.clip_calls`, as a window sends
+            an old call too large for it); ``None`` when it has none to cut.
     """
 
     role: Role
@@ -226,6 +229,7 @@ class MessageRecord:
     answers: str | None = None
     tool: str | None = None
     to_data: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
+    clipped_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -19,6 +19,7 @@ from langchain_core.messages import (
 
 from demote.engine import Window, render_progress, render_summary
 from demote.window.pairing import UNANSWERED, unanswered
+from langchain_demote.messages import replaced
 
 __all__ = ["answer_dangling", "render_window"]
 
@@ -34,8 +35,9 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     the cache write the opener again; the providers' converters merge two user messages
     in a row into one turn); then the kept messages, each
     cleared or clipped tool result as a copy whose content is the placeholder text
-    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept). The stored
-    messages are never changed.
+    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept), each assistant
+    message whose calls are too large as a copy with its long argument values cut
+    (:func:`~langchain_demote.messages.replaced`). The stored messages are never changed.
 
     Args:
         window: What :meth:`demote.Demoter.load` returned.
@@ -52,9 +54,9 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
     if not (window.placeholders or window.clipped):
         out.extend(window.messages)
         return answer_dangling(out)
-    for i, message in enumerate(window.messages, window.start):
-        text = window.replacement(i)
-        out.append(message if text is None else message.model_copy(update={"content": text}))
+    out.extend(
+        replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
+    )
     return answer_dangling(out)
 
 

@@ -48,16 +48,19 @@ from langchain_core.messages import (
 from demote.engine import Window, render_summary
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLE_ALIASES, MessageRecord, Recalled, Role, text_data
+from demote.window.clearing import clip_calls
 from demote.window.tokens import MessageCounter
 
 __all__ = [
     "Describe",
+    "clipped_calls",
     "from_core",
     "from_data",
     "from_recalled",
     "message_counter",
     "message_role",
     "message_text",
+    "replaced",
     "to_core",
     "to_data",
 ]
@@ -196,6 +199,50 @@ def to_core(message: BaseMessage, describe: Describe) -> MessageRecord:
         message=message,
         to_data=to_data,
     )
+
+
+def clipped_calls(message: BaseMessage, marker: str) -> BaseMessage:
+    """A copy of an assistant message with its long tool-call argument values cut.
+
+    What a window sends for an old call too large for it (``Window.clipped``): each call's
+    arguments are :func:`demote.window.clearing.clip_calls` of them, ending each cut value
+    with ``marker``; ids, names, argument keys and the text stay, and so do tool-use
+    content blocks, with the same arguments (langchain-anthropic sends those). A message
+    with nothing to cut is returned as it is.
+
+    Args:
+        message: The assistant message.
+        marker: :func:`demote.window.clearing.call_marker` of its archived key.
+    """
+    calls = _calls(message)
+    clipped = clip_calls(calls, marker) if calls else None
+    if clipped is None or not isinstance(message, AIMessage):
+        return message
+    args = {c["id"]: c["args"] for c in clipped}
+    update: dict[str, Any] = {
+        "tool_calls": [{**c, "args": args.get(c.get("id"), c["args"])} for c in message.tool_calls]
+    }
+    if isinstance(message.content, list):
+        update["content"] = [
+            {**b, "input": args[b.get("id")]}
+            if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") in args
+            else b
+            for b in message.content
+        ]
+    return message.model_copy(update=update)
+
+
+def replaced(message: BaseMessage, text: str | None) -> BaseMessage:
+    """``message`` as a window sends it, given its ``Window.replacement`` (``None``: as is).
+
+    A tool result gets the placeholder as its content (a copy: ids, name, artifact and
+    status kept); an assistant message's calls are cut (:func:`clipped_calls`).
+    """
+    if text is None:
+        return message
+    if isinstance(message, AIMessage):
+        return clipped_calls(message, text)
+    return message.model_copy(update={"content": text})
 
 
 def _jsonable(value: Any) -> Any:

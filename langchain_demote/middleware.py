@@ -32,9 +32,10 @@ times on the same, growing state) :meth:`DemotingMiddleware.wrap_model_call`:
 What middleware after this one (inner) sees
 -------------------------------------------
 When the window holds every message of the request (nothing demoted yet, no summary, no
-recall), the request is handed on untouched: the same ``ModelRequest`` object, the same
-``messages`` list. An inner middleware's in-place edits then reach exactly what they
-reach without demote (``create_agent`` writes a changed ``request.messages`` list back
+recall), the request is handed on untouched: the same ``ModelRequest`` object (with
+``prompt_cache_key``, a copy with the key in its settings), the same ``messages`` list.
+An inner middleware's in-place edits then reach exactly what they reach without demote
+(``create_agent`` writes a changed ``request.messages`` list back
 to the agent state).
 
 Otherwise the inner middleware gets ``request.override(messages=window)``: a new request
@@ -125,6 +126,7 @@ from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent
 from demote.hooks.base import Recall
 from demote.records import MessageRecord, Recalled
+from langchain_demote._caching import CacheKey, cache_key_option, keyed_settings
 from langchain_demote._erasing import erase_thread
 from langchain_demote._preparation import Flow, Load, Prepared, Search, model_call_metadata
 from langchain_demote._pruning import (
@@ -220,6 +222,10 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         recall_role: The role of the recall message: ``"system"`` (default), or
             ``"human"`` for providers that accept system messages only at the start
             (Anthropic's chat models do).
+        prompt_cache_key: Set OpenAI's ``prompt_cache_key`` in each request's model
+            settings, so one conversation's calls reach the cache holding its prefix:
+            ``True`` uses the conversation id, a callable maps it (to hash or prefix it);
+            a key already in the settings is kept. ``False`` (default): none.
 
     Raises:
         ConfigError: An option is invalid.
@@ -237,6 +243,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         conversation_id: Callable[[Runtime[Any]], str] | None = None,
         prune_state: bool = False,
         recall_role: Literal["system", "human"] = "system",
+        prompt_cache_key: CacheKey = False,
     ) -> None:
         super().__init__()
         if not isinstance(demoter, Demoter):
@@ -258,6 +265,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         if recall_role not in ("system", "human"):
             raise ConfigError(f"recall_role: must be 'system' or 'human', got {recall_role!r}")
         self._recall_message = SystemMessage if recall_role == "system" else HumanMessage
+        self.prompt_cache_key = cache_key_option(prompt_cache_key)
         self._tool_tokens: OrderedDict[int, tuple[object, int]] = OrderedDict()
         self._tool_lock = threading.Lock()
 
@@ -455,10 +463,15 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
 
         update = prune_update(cid, window, request.messages, pruned) if self.prune_state else None
         metadata = {"demote": _run_metadata(window, recalled, reserved)}
+        settings = keyed_settings(self.prompt_cache_key, cid, request.model_settings)
         if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
-            # The whole request: hand it on untouched.
+            # The whole request: hand it on untouched (its messages list, at least).
+            if settings is not None:
+                request = request.override(model_settings=settings)
             return Prepared(request, request, (), update, tuple(events), metadata)
         to_send = request.override(messages=cast("list[AnyMessage]", sent))
+        if settings is not None:
+            to_send = to_send.override(model_settings=settings)
         return Prepared(to_send, request, tuple(sent), update, tuple(events), metadata)
 
 

@@ -9,8 +9,9 @@ opener comes right after the pinned messages and the running summary is appended
 copy of it as one more text block, a progress note (not a system message mid-
 conversation, which some providers refuse, nor a second user message in a row, which
 others refuse). Cleared and clipped tool results are sent as copies whose only block is
-the placeholder text; their ``additional_kwargs`` (``tool_call_id``, ``name``) stay.
-The chat store's messages are never changed.
+the placeholder text; their ``additional_kwargs`` (``tool_call_id``, ``name``) stay. An
+assistant message whose calls are too large is sent with its long argument values cut
+(:func:`~llamaindex_demote.messages.replaced`). The chat store's messages are never changed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from llamaindex_demote.messages import (
     from_core,
     opened_calls,
     recall_message,
+    replaced,
     text_of,
     tool_calls,
 )
@@ -96,19 +98,15 @@ def _body(window: Window[ChatMessage]) -> list[ChatMessage]:
     opener, summary = window.opener, window.summary
     if opener is not None and summary:
         # The opener as it is, then the note as a user message of its own (see
-        # langchain_demote.history.render_window: the opener stays byte-identical).
+        # langchain_demote._rendering.render_window: the opener stays byte-identical).
         note = ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text=render_progress(summary))])
         body = [opener, note, *window.messages]
     if not (window.placeholders or window.clipped):
         return body
     out = body[: len(body) - len(window.messages)]
-    for i, message in enumerate(window.messages, window.start):
-        text = window.replacement(i)
-        out.append(
-            message
-            if text is None
-            else message.model_copy(update={"blocks": [TextBlock(text=text)]})
-        )
+    out.extend(
+        replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
+    )
     return out
 
 

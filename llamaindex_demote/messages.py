@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import MessageRecord, Recalled, Role, text_data
+from demote.window.clearing import clip_calls
 from demote.window.tokens import MessageCounter
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "message_counter",
     "opened_calls",
     "recall_message",
+    "replaced",
     "text_of",
     "to_core",
     "to_data",
@@ -338,6 +340,48 @@ def message_counter(counter: Any) -> MessageCounter:
             f"counter: expected a callable over messages or a TokenCounter, got {counter!r:.80}"
         )
     return MessageCounter(counter, _user_message, getattr(counter, "__name__", "messages"))
+
+
+def replaced(message: ChatMessage, text: str | None) -> ChatMessage:
+    """``message`` as a window sends it, given its ``Window.replacement`` (``None``: as is).
+
+    A tool result's only block becomes the placeholder text (``additional_kwargs`` kept);
+    an assistant message whose calls are too large keeps its blocks with each call's
+    arguments cut (:func:`demote.window.clearing.clip_calls`, ``text`` ending each cut
+    value): ``ToolCallBlock`` and legacy ``ToolSelection`` or OpenAI-style calls alike,
+    ids and names kept.
+    """
+    if text is None:
+        return message
+    if core_role(message) != "assistant":
+        return message.model_copy(update={"blocks": [TextBlock(text=text)]})
+    clipped = clip_calls(tool_calls(message), text)
+    if clipped is None:
+        return message
+    args = {c["id"]: c["args"] for c in clipped if c.get("id")}
+    blocks = [
+        b.model_copy(update={"tool_kwargs": args[b.tool_call_id]})
+        if isinstance(b, ToolCallBlock) and b.tool_call_id in args
+        else b
+        for b in message.blocks
+    ]
+    kwargs = dict(message.additional_kwargs)
+    legacy = kwargs.get("tool_calls")
+    if isinstance(legacy, list):
+        kwargs["tool_calls"] = [_clipped_legacy(item, args) for item in legacy]
+    return message.model_copy(update={"blocks": blocks, "additional_kwargs": kwargs})
+
+
+def _clipped_legacy(item: Any, args: Mapping[str, Any]) -> Any:
+    cid = _call_id(item)
+    if cid is None or cid not in args:
+        return item
+    if isinstance(item, ToolSelection):
+        return item.model_copy(update={"tool_kwargs": args[cid]})
+    function = _field(item, "function")
+    if isinstance(item, dict) and isinstance(function, dict):
+        return {**item, "function": {**function, "arguments": json.dumps(args[cid])}}
+    return item
 
 
 def _user_message(text: str) -> ChatMessage:

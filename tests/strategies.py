@@ -10,6 +10,7 @@ planner's :class:`~demote.records.MessageRecord`; :func:`describer` does the sam
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from demote.records import ConversationState, MessageRecord, fingerprint
+from demote.window.clearing import clipped_text, placeholder_text
 from demote.window.planner import Plan, turn_groups
 from demote.window.policy import (
     Bulk,
@@ -374,16 +376,26 @@ def _shown_cost(policy: SlidingWindow, rec: MessageRecord) -> tuple[int, bool, i
     clip = c.max_result_tokens if c is not None else None
     if clip is None and policy.unit == "tokens":
         clip = policy.limit // 2
+    # A placeholder message and a clipped result's tail, as langchain-core counts the
+    # message sent: its text, the id it answers, the role and the tool's name.
+    framing = len(rec.answers or "") + len("tool") + len(rec.tool or "")
+    key = "0" * 32  # every archived key has 32 characters
+    placeholder = math.ceil((len(placeholder_text(key, rec.tool, rec.tokens)) + framing) / 4) + 3
+    tail = math.ceil((len(clipped_text("", 0, key, rec.tool, rec.tokens)) + framing) / 4) + 3
     cost, clipped = rec.tokens, False
-    if rec.role == "tool" and clip is not None and rec.tokens > max(clip, head + 48):
-        cost, clipped = head + 48, True
+    if rec.role == "tool" and clip is not None and rec.tokens > max(clip, head + tail):
+        cost, clipped = head + tail, True
+    cut = rec.clipped_tokens
+    assistant = rec.role == "assistant" and clip is not None and rec.tokens > clip
+    if assistant and cut is not None and cut < rec.tokens:  # its long call arguments are cut
+        cost, clipped = cut, True
     clearable = (
         c is not None
         and rec.role == "tool"
-        and cost > 48
+        and cost > placeholder
         and not (rec.tool is not None and rec.tool in c.exclude)
     )
-    return cost, clipped, cost - 48 if clearable else 0
+    return cost, clipped, cost - placeholder if clearable else 0
 
 
 def reference_plan(
@@ -431,7 +443,7 @@ def reference_plan(
     if c is not None:
         w0 = max(watermark, start)
         shown = sum(
-            48 if (costs[i][2] and i < w0) else costs[i][0]
+            costs[i][0] - costs[i][2] if i < w0 else costs[i][0]
             for i in range(start, end)
             if records[i].role == "tool"
         )
@@ -461,7 +473,7 @@ def reference_plan(
             return len(turn_groups(records, pos))
         if policy.unit == "messages":
             return end - pos + (opener is not None)
-        shown = sum(48 if (costs[i][2] and i < watermark) else costs[i][0] for i in range(pos, end))
+        shown = sum(costs[i][0] - (costs[i][2] if i < watermark else 0) for i in range(pos, end))
         fixed = sum(r.tokens for r in records[:pinned]) + reserved
         return fixed + shown + (costs[opener][0] if opener is not None else 0)
 

@@ -3,7 +3,8 @@
 :func:`describe_message` is what :meth:`demote.Demoter.describe` does (adapters call it
 from ``to_core``): it checks what an adapter hands over, takes the fingerprint (role,
 text, tool calls, the call a result answers, the calls' arguments and the content blocks)
-and the tokens a provider bills for it, counted once per fingerprint by the Demoter's
+and the tokens a provider bills for it (its role and, for a tool result, the tool's name
+included, as langchain-core counts them), counted once per fingerprint by the Demoter's
 :class:`~demote.window.tokens.TokenCache`.
 """
 
@@ -14,7 +15,8 @@ from typing import Any, cast
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLES, MessageRecord, fingerprint, parts_digest
-from demote.window.tokens import TokenCache
+from demote.window.clearing import KEY_STAND_IN, LONG_ARG_CHARS, call_marker, clip_calls
+from demote.window.tokens import MessageCounter, TokenCache
 
 __all__ = ["describe_message"]
 
@@ -65,6 +67,40 @@ def describe_message(
     fp = fingerprint(
         role, text, opens, answers, parts_digest(calls, blocks) if calls or blocks else None
     )
-    counted = tokens.count(fp, text, calls=calls, blocks=blocks, answers=answers, message=message)
+    counted = tokens.count(
+        fp,
+        text,
+        calls=calls,
+        blocks=blocks,
+        answers=answers,
+        role=role,
+        name=tool,
+        message=message,
+    )
+    clipped = None
+    if role == "assistant" and calls and counted > LONG_ARG_CHARS // 4:
+        clipped = _clipped_tokens(tokens, fp, text, calls, blocks, counted)
     # The role was checked against ROLES above (typing.cast would cost a call per message).
-    return MessageRecord(role, text, fp, counted, opens, answers, tool, to_data)  # type: ignore[arg-type]
+    return MessageRecord(role, text, fp, counted, opens, answers, tool, to_data, clipped)  # type: ignore[arg-type]
+
+
+def _clipped_tokens(
+    tokens: TokenCache,
+    fp: str,
+    text: str,
+    calls: Sequence[Mapping[str, Any]],
+    blocks: Sequence[object],
+    counted: int,
+) -> int | None:
+    """What the message counts with its long argument values cut (``None``: none is long).
+
+    Counted as the window sends it (:func:`~demote.window.clearing.clip_calls` with the
+    marker of a key of the same length), once per fingerprint. A whole-message counter
+    has no text counter to count the cut form with: such calls are not clipped.
+    """
+    if isinstance(tokens.counter, MessageCounter):
+        return None
+    clip = clip_calls(calls, call_marker(KEY_STAND_IN, counted))
+    if clip is None:
+        return None
+    return tokens.count(fp + "/clipped", text, calls=clip, blocks=blocks, role="assistant")

@@ -38,7 +38,7 @@ from demote.records import (
     make_key,
 )
 from demote.window._groups import GroupIndex
-from demote.window.clearing import clipped_text, placeholder_text
+from demote.window.clearing import call_marker, clipped_text, placeholder_text
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import SlidingWindow
 
@@ -355,7 +355,8 @@ def replaced_texts(
 
     Each text names the message's dedup key (the key the hook archived it under), its
     tool and its token count (:mod:`demote.window.clearing`); a clipped one starts with the
-    first ``head_chars(text)`` characters of the result. Made once per position and
+    first ``head_chars(text)`` characters of the result; a clipped assistant message's is
+    the marker of its cut calls. Made once per position and
     fingerprint (cached in ``view.texts``).
 
     Returns:
@@ -375,6 +376,8 @@ def replaced_texts(
             key = make_key(conversation_id, i, rec.fingerprint)
             if kind == 0:
                 text = placeholder_text(key, rec.tool, rec.tokens)
+            elif rec.role == "assistant":  # its calls are cut: what ends each cut value
+                text = call_marker(key, rec.tokens)
             else:
                 text = clipped_text(rec.text, head_chars(rec.text), key, rec.tool, rec.tokens)
             cache[i] = (rec.fingerprint, tag, text)

@@ -30,8 +30,7 @@ from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
-from demote.window._steps import digest_tokens
-from demote.window.clearing import PLACEHOLDER_TOKENS
+from demote.window._steps import digest_tokens, result_costs
 from demote.window.digest import make_digest
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import ClearToolResults, Compact, SlidingWindow
@@ -147,8 +146,9 @@ class Windows:
         records, base = work.view.records, work.view.base
         indexes = sorted((*fresh, *clipped))
         before = sum(records[i - base].tokens for i in indexes)
-        after = len(fresh) * PLACEHOLDER_TOKENS + len(clipped) * (
-            self._head_tokens + PLACEHOLDER_TOKENS
+        costs = result_costs(self.policy)  # placeholders, clipped heads, cut calls
+        after = sum(costs.placeholder(records[i - base]) for i in fresh) + sum(
+            costs.cost(records[i - base]) for i in clipped
         )
         keys = tuple(make_key(cid, i, records[i - base].fingerprint) for i in indexes)
         return DemoteEvent(
@@ -307,7 +307,7 @@ class Windows:
         if state.summary is None or self.policy.unit != "tokens":
             return reserved
         text = render_summary(state.summary)
-        return reserved + self.tokens.count(fingerprint("system", text), text)
+        return reserved + self.tokens.count(fingerprint("system", text), text, role="system")
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.

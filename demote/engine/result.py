@@ -67,7 +67,12 @@ class Window(Generic[T]):
             the archived key). Adapters send a copy of the message with this content and
             everything else (call id, tool name, status, ids) kept.
         clipped: Absolute index -> the head of an oversized tool result and a placeholder
-            for the rest (:func:`demote.window.clearing.clipped_text`), sent the same way.
+            for the rest (:func:`demote.window.clearing.clipped_text`), sent the same way;
+            for an assistant message whose calls are too large, the marker that ends each
+            of its cut argument values (:func:`demote.window.clearing.call_marker`):
+            adapters send a copy whose calls are
+            :func:`demote.window.clearing.clip_calls` of its calls (ids, names and
+            argument keys kept) and whose text is unchanged.
         overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
             messages, the opener, the newest step after clipping) alone exceeds the
             limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
@@ -102,6 +107,10 @@ class Window(Generic[T]):
         return len(self.pinned) + (self.opener is not None) + len(self.messages)
 
     def replacement(self, index: int) -> str | None:
-        """The text sent instead of the content of the message at ``index``, if any."""
+        """The text sent instead of the content of the message at ``index``, if any.
+
+        For an assistant message in ``clipped``: the marker of its cut calls (its content
+        stays).
+        """
         text = self.placeholders.get(index)
         return self.clipped.get(index) if text is None else text

@@ -76,7 +76,8 @@ class GroupIndex:
         clear_before: What clearing the results before each of ``clear_pos`` saves
             (cumulative, from an arbitrary origin).
         savings: The same at ``end``.
-        clip_pos: Indexes of the tool results counted clipped, oldest first.
+        clip_pos: Indexes of the messages counted clipped (tool results, and assistant
+            messages with their long call arguments cut), oldest first.
         lead_user: The region starts with a user message (its first group is a whole
             turn); else it starts inside a turn or with a non-user message.
         opener: When the region starts inside a turn, that turn's opening user message
@@ -302,10 +303,10 @@ class GroupIndex:
                 c_at.append(tokens)
                 c_tools.append(tools)
             tokens += cost
+            if cost != rec.tokens:  # a clipped result, or a call with its arguments cut
+                clip_pos.append(i)
             if role == "tool":
                 tools += cost
-                if cost != rec.tokens:
-                    clip_pos.append(i)
                 saved = costs.saving(rec, cost)
                 if saved:
                     clear_pos.append(i)

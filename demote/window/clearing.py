@@ -1,4 +1,4 @@
-"""Placeholders for cleared and clipped tool results (pure, no I/O).
+"""Placeholders for cleared and clipped tool results, and for clipped tool calls (pure, no I/O).
 
 When a window clears an old tool result (:class:`~demote.window.policy.ClearToolResults`) or
 clips one that alone is larger than the window allows, the model is sent a short
@@ -7,32 +7,62 @@ can get the content back with the recall tool, and it is never longer than
 :data:`PLACEHOLDER_TOKENS` under the approximate counter, which is what the planner counts
 a cleared result as.
 
+An assistant message whose tool calls alone are that large (a call that writes a whole
+file through its arguments) is clipped the same way: :func:`clip_calls` cuts each string
+argument value longer than :data:`LONG_ARG_CHARS` to its first :data:`ARG_HEAD_CHARS`
+characters and :func:`call_marker` (which names the key); the arguments keep their keys,
+the calls their ids and names, and the same message gives the same bytes at every call
+(the record's ``clipped_tokens`` counts it so).
+
 :class:`ResultCosts` is how the planner counts a message once clearing and clipping apply:
-a tool result over ``clip_over`` tokens counts as its head plus a placeholder, and a
-clearable result (a tool result of a tool not excluded, counted above a placeholder) would
-save ``cost - PLACEHOLDER_TOKENS`` if it were cleared. Both depend on the record alone, so
-what a window shows is stable from one load to the next.
+a tool result over ``clip_over`` tokens counts as its head plus its placeholder, and a
+clearable result (a tool result of a tool not excluded, counted above its placeholder)
+would save its cost less its placeholder's if it were cleared; a placeholder message
+counts as the approximate counter counts it (text, answered id, role, tool name,
+framing), so the window's count agrees with langchain-core's. All depend on the record
+alone, so what a window shows is stable from one load to the next. An assistant message
+counted over ``clip_over`` whose calls can be clipped counts ``clipped_tokens``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from demote.records import MessageRecord
+from demote.window.tokens import MESSAGE_OVERHEAD
 
 __all__ = [
+    "ARG_HEAD_CHARS",
     "DEFAULT_HEAD_TOKENS",
+    "KEY_STAND_IN",
+    "LONG_ARG_CHARS",
     "PLACEHOLDER_TOKENS",
     "ResultCosts",
+    "call_marker",
+    "clip_calls",
     "clipped_text",
     "placeholder_text",
 ]
 
-#: What the planner counts a placeholder as (tokens), whatever the tool.
+#: The most a placeholder's text counts under the approximate counter (a 40-character
+#: tool name, a 7-digit count); the planner counts each placeholder message exactly
+#: (:meth:`ResultCosts.placeholder`).
 PLACEHOLDER_TOKENS = 48
+
+#: A key of the length of every archived key (``make_key``): what placeholders are
+#: counted with before the key is known.
+KEY_STAND_IN = "0" * 32
 
 #: How much of a clipped result's head the model is sent, by default (tokens).
 DEFAULT_HEAD_TOKENS = 200
+
+#: A string argument value longer than this (characters) is cut when its call is clipped.
+LONG_ARG_CHARS = 800
+
+#: How much of a cut argument value's head the model is sent (characters).
+ARG_HEAD_CHARS = 400
 
 _MAX_TOOL = 40
 
@@ -74,15 +104,72 @@ def clipped_text(text: str, head_chars: int, key: str, tool: str | None, tokens:
     )
 
 
+def call_marker(key: str, tokens: int) -> str:
+    """What ends each cut argument value of a clipped assistant message.
+
+    Args:
+        key: The archived message's dedup key.
+        tokens: How many tokens the whole message counted.
+    """
+    return (
+        f"\n[call clipped: {tokens} tokens in full, archived as key {key}; "
+        f"fetch it with the recall tool for the rest]"
+    )
+
+
+def _clip(value: Any, marker: str) -> tuple[Any, bool]:
+    if isinstance(value, str):
+        if len(value) > LONG_ARG_CHARS:
+            return value[:ARG_HEAD_CHARS] + marker, True
+        return value, False
+    if isinstance(value, Mapping):
+        pairs = [(k, _clip(v, marker)) for k, v in value.items()]
+        if any(cut for _, (_, cut) in pairs):
+            return {k: v for k, (v, _) in pairs}, True
+        return value, False
+    if isinstance(value, list | tuple):
+        items = [_clip(v, marker) for v in value]
+        if any(cut for _, cut in items):
+            return [v for v, _ in items], True
+        return value, False
+    return value, False
+
+
+def clip_calls(calls: Sequence[Mapping[str, Any]], marker: str) -> list[dict[str, Any]] | None:
+    """The calls with their long string argument values cut, or ``None`` if none is long.
+
+    Each string longer than :data:`LONG_ARG_CHARS`, at any depth of the arguments, becomes
+    its first :data:`ARG_HEAD_CHARS` characters and ``marker`` (:func:`call_marker`); keys,
+    ids and names stay.
+
+    Args:
+        calls: ``{"id", "name", "args"}`` each.
+        marker: What ends each cut value.
+    """
+    out: list[dict[str, Any]] = []
+    any_cut = False
+    for call in calls:
+        args, cut = _clip(call.get("args"), marker)
+        any_cut = any_cut or cut
+        out.append({**call, "args": args})
+    return out if any_cut else None
+
+
+def _framing(rec: MessageRecord) -> int:
+    """Characters a tool result is sent with besides its content: answered id, role, name."""
+    return len(rec.answers or "") + len(rec.role) + len(rec.tool or "")
+
+
 @dataclass(frozen=True, slots=True)
 class ResultCosts:
     """How a window counts each message once clipping and clearing apply (tokens).
 
     Attributes:
         clip_over: A tool result counted over this many tokens is sent as its head and a
-            placeholder (``None``: never clipped).
-        head_tokens: The head of a clipped result; it counts ``head_tokens +
-            PLACEHOLDER_TOKENS`` (a result no larger than that is never clipped).
+            placeholder, an assistant message with long tool-call arguments with them
+            cut (:func:`clip_calls`) (``None``: never clipped).
+        head_tokens: The head of a clipped result; it counts ``head_tokens`` plus its
+            placeholder and framing (a result no larger than that is never clipped).
         clearing: Whether results may be cleared at all.
         exclude: Tools whose results are never cleared.
     """
@@ -94,26 +181,38 @@ class ResultCosts:
 
     def cost(self, rec: MessageRecord) -> int:
         """What ``rec`` counts in the window before any clearing."""
-        if (
-            self.clip_over is not None
-            and rec.role == "tool"
-            and rec.tokens > self.clip_over
-            and rec.tokens > self.head_tokens + PLACEHOLDER_TOKENS
-        ):
-            return self.head_tokens + PLACEHOLDER_TOKENS
+        if self.clip_over is None or rec.tokens <= self.clip_over:
+            return rec.tokens
+        if rec.role == "tool":
+            clip = self._clip_cost(rec)
+            return clip if rec.tokens > clip else rec.tokens
+        clipped = rec.clipped_tokens
+        if rec.role == "assistant" and clipped is not None and clipped < rec.tokens:
+            return clipped
         return rec.tokens
 
     def clipped(self, rec: MessageRecord) -> bool:
-        """Is ``rec`` sent as its head and a placeholder (when not cleared)?"""
-        return rec.role == "tool" and self.cost(rec) != rec.tokens
+        """Is ``rec`` sent clipped (a result's head and a placeholder, or cut calls)?"""
+        return self.cost(rec) != rec.tokens
+
+    def placeholder(self, rec: MessageRecord) -> int:
+        """What tool result ``rec`` counts sent as its placeholder (cleared).
+
+        The placeholder text, the id it answers, its role and the tool's name, as the
+        approximate counter counts the message (langchain-core's count).
+        """
+        text = placeholder_text(KEY_STAND_IN, rec.tool, rec.tokens)
+        return -(-(len(text) + _framing(rec)) // 4) + MESSAGE_OVERHEAD
+
+    def _clip_cost(self, rec: MessageRecord) -> int:
+        """At most what tool result ``rec`` counts sent clipped: a head and a placeholder."""
+        tail = clipped_text("", 0, KEY_STAND_IN, rec.tool, rec.tokens)
+        return self.head_tokens + -(-(len(tail) + _framing(rec)) // 4) + MESSAGE_OVERHEAD
 
     def saving(self, rec: MessageRecord, cost: int) -> int:
         """Tokens clearing ``rec`` (counted ``cost``) would save; ``0``: not clearable."""
-        if (
-            not self.clearing
-            or rec.role != "tool"
-            or cost <= PLACEHOLDER_TOKENS
-            or (rec.tool is not None and rec.tool in self.exclude)
-        ):
+        if not self.clearing or rec.role != "tool":
             return 0
-        return cost - PLACEHOLDER_TOKENS
+        if rec.tool is not None and rec.tool in self.exclude:
+            return 0
+        return max(0, cost - self.placeholder(rec))

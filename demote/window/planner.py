@@ -26,10 +26,12 @@ of its first kept step (``Plan.opener`` is ``None``).
 
 Each message counts what the model is sent (:class:`~demote.window.clearing.ResultCosts`): a
 tool result over ``max_result_tokens`` (default: half a token limit) counts as its head
-and a placeholder (``Plan.clipped``). In a token window the pinned system messages and
-``reserved`` (a system prompt and tools sent outside the messages) count toward the limit;
-the messages unit counts messages (the opener is one), the turns unit counts turns (a turn
-cut inside still counts as one, so a turns window never cuts inside a turn).
+and a placeholder, an assistant message over it with long call arguments as it is sent
+with them cut (``MessageRecord.clipped_tokens``; both in ``Plan.clipped``). In a token
+window the pinned system messages and ``reserved`` (a system prompt and tools sent
+outside the messages) count toward the limit; the messages unit counts messages (the
+opener is one), the turns unit counts turns (a turn cut inside still counts as one, so a
+turns window never cuts inside a turn).
 
 Stage 1, clearing (``policy.clearing``): once the tool results shown in the window pass
 ``trigger`` tokens, the clearing watermark (``Plan.cleared``, never below the state's)
@@ -116,7 +118,8 @@ class Plan:
         placeholders: Absolute indexes of the tool results in the window that are sent
             as placeholders (cleared), oldest first.
         clipped: Absolute indexes of the tool results in the window, each alone larger
-            than the policy allows, that are sent as their head and a placeholder.
+            than the policy allows, that are sent as their head and a placeholder, and
+            of the assistant messages sent with their long call arguments cut.
         deliver_to: End of the range to hand to the hook: ``[deliver_from, deliver_to)``.
             At least ``window_start``; beyond it when cleared or clipped results in the
             window must reach the hook before the model is sent their placeholders.

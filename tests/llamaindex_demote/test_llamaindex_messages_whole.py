@@ -113,9 +113,9 @@ def test_records_count_calls_and_media_as_billed() -> None:
     )
     assert to_core(big, d.describe).tokens > 10_000
     image = to_core(MESSAGES["image"], d.describe)
-    assert image.tokens == 750 + 1 + MESSAGE_OVERHEAD  # 750 x 750 / 750, "see", framing
+    assert image.tokens == 750 + 2 + MESSAGE_OVERHEAD  # 750 x 750 / 750, "see" + "user", framing
     plain = to_core(MESSAGES["user"], d.describe)
-    assert plain.tokens == 2 + MESSAGE_OVERHEAD
+    assert plain.tokens == 3 + MESSAGE_OVERHEAD  # "hello" + "user": 9 characters
 
 
 def test_a_whole_message_counter_counts_chat_messages() -> None:

@@ -27,12 +27,13 @@ def test_message_window_sizes_and_guarantee() -> None:
     assert result.messages == 10
     # Windows at calls 1..5 (after the user message): 1, 3, 3, 3, 3 messages.
     assert result.window_messages == (1, 3)
-    assert result.series == (12, 36, 36, 36, 36)
-    assert result.window_tokens == (12, 36)
-    assert result.guaranteed_tokens == 36
+    # Each message counts its text and role (as langchain-core counts it) and framing.
+    assert result.series == (13, 41, 41, 41, 41)
+    assert result.window_tokens == (13, 41)
+    assert result.guaranteed_tokens == 41
     assert result.demoted == 6  # messages 0-5 have left the window by call 5
     assert result.demotions == 3
-    assert result.mean_prompt_tokens == pytest.approx((12 + 4 * 36) / 5)
+    assert result.mean_prompt_tokens == pytest.approx((13 + 4 * 41) / 5)
 
 
 def test_no_guarantee_when_the_window_never_fills() -> None:
@@ -119,8 +120,10 @@ def test_compact_with_a_summarizer_puts_the_summary_in_the_prompt() -> None:
     # The summary is in the prompt, and it counts toward the limit like the rest of it.
     assert result.mean_prompt_tokens != stub.mean_prompt_tokens
     assert max(result.window_tokens) <= 300 + 2 * 100 + 80
-    assert set(seen) == set(range(result.demoted))
-    assert seen == sorted(set(seen))  # summarized messages still reach the hook once
+    # Summarized messages still reach the hook, once each and in order; a summary that
+    # commits in the final drain has delivered its messages before a load moved past them.
+    assert set(range(result.demoted)) <= set(seen)
+    assert seen == list(range(len(seen)))
 
 
 def test_meter_for_foreign_windows() -> None:

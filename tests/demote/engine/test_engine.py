@@ -278,7 +278,7 @@ def test_describe_counts_tokens_once_per_distinct_message() -> None:
     d = Demoter(SlidingWindow.last_tokens(50, counter=counter))
     for _ in range(3):
         d.describe("user", "hello there")
-    assert seen == ["hello there"]
+    assert seen == ["hello there", "user"]  # its parts (the role is sent too), once
 
 
 def test_bad_engine_config_is_a_config_error() -> None:

@@ -29,6 +29,7 @@ from demote.records import MessageRecord, make_key
 from demote.window.clearing import PLACEHOLDER_TOKENS, placeholder_text
 from demote.window.planner import Plan
 from demote.window.planner import plan as real_plan
+from demote.window.tokens import approximate_tokens, billed_tokens
 from tests.strategies import Msg, describer, unique
 
 CID = "agent-1"
@@ -184,7 +185,15 @@ def test_cleared_results_reach_the_hook_once_before_their_placeholders_are_sent(
     assert w.messages == msgs, "the messages themselves are the stored ones"
     (event,) = [e for e in w.events if e.kind == "cleared"]
     assert event.keys == tuple(key_of(d, msgs, i) for i in cleared)
-    assert event.tokens_after == PLACEHOLDER_TOKENS * len(cleared)
+    # What each placeholder message counts, as sent (its text, id, role and tool name).
+    sent = [
+        billed_tokens(
+            w.placeholders[i], approximate_tokens, answers=r.answers, role="tool", name=r.tool
+        )
+        for i in cleared
+        for r in [describer(d)(msgs[i])]
+    ]
+    assert event.tokens_after == sum(sent) and all(t <= PLACEHOLDER_TOKENS + 20 for t in sent)
     assert event.tokens_before == sum(describer(d)(msgs[i]).tokens for i in cleared)
 
     # More steps: only what is newly cleared is delivered; nothing twice, nothing reported twice.
