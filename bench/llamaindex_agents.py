@@ -39,7 +39,7 @@ import logging
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,7 @@ class Made:
     wrap: bool = False
     before_reply: Callable[[], None] | None = None
     close: Callable[[], None] | None = None
+    aclose: Callable[[], Awaitable[None]] | None = None  # awaited on the run's own loop
 
 
 def _demote(wrap: bool) -> Callable[[int, Path], Made]:
@@ -188,8 +189,12 @@ def _demote(wrap: bool) -> Callable[[int, Path], Made]:
 
 def _memory(limit: int, tmp: Path) -> Made:
     from llama_index.core.memory import Memory
+    from sqlalchemy.ext.asyncio import create_async_engine
 
-    return Made(Memory.from_defaults(session_id="run", token_limit=limit))
+    # Memory's chat store is SQL: the engine is made here so the run can dispose of it.
+    engine = create_async_engine("sqlite+aiosqlite:///:memory:")
+    memory = Memory.from_defaults(session_id="run", token_limit=limit, async_engine=engine)
+    return Made(memory, aclose=engine.dispose)
 
 
 def _buffer(limit: int, tmp: Path) -> Made:
@@ -229,20 +234,24 @@ async def _replay(trace: RealTrace, made: Made) -> list[list[Any]]:
         system_prompt=trace.system,
         streaming=False,
     )
-    for segment in trace.segments:
-        humans = [ChatMessage(role="user", content=str(h.content)) for h in segment.humans]
-        if humans[:-1]:
-            await made.memory.aput_messages(humans[:-1])
-        try:
-            await agent.run(humans[-1], memory=made.memory, max_iterations=100_000)
-        except Exception as exc:  # the recording stopped after a step
-            if (
-                isinstance(exc, ScriptEnd)
-                or "ScriptEnd" in repr(exc)
-                or "recording has" in str(exc)
-            ):
-                break
-            raise
+    try:
+        for segment in trace.segments:
+            humans = [ChatMessage(role="user", content=str(h.content)) for h in segment.humans]
+            if humans[:-1]:
+                await made.memory.aput_messages(humans[:-1])
+            try:
+                await agent.run(humans[-1], memory=made.memory, max_iterations=100_000)
+            except Exception as exc:  # the recording stopped after a step
+                if (
+                    isinstance(exc, ScriptEnd)
+                    or "ScriptEnd" in repr(exc)
+                    or "recording has" in str(exc)
+                ):
+                    break
+                raise
+    finally:
+        if made.aclose is not None:
+            await made.aclose()
     return seen
 
 
