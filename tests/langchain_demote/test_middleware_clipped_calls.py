@@ -22,12 +22,12 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from tests.support.provider_rules import violations
 
 from demote import Demoter, SlidingWindow, SQLiteArchive
 from demote.window.clearing import ARG_HEAD_CHARS
 from langchain_demote import recall_tool
 from langchain_demote.middleware import DemotingMiddleware
+from langchain_demote.provider_rules import violations
 from tests.langchain_demote.support import ScriptedToolModel
 
 LIMIT = 4000

@@ -33,11 +33,11 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
-from tests.support.provider_rules import violations
 
 from demote import Demoter, SlidingWindow
 from demote.errors import ConfigError
 from langchain_demote.middleware import DemotingMiddleware
+from langchain_demote.provider_rules import violations
 
 STEPS = 30
 LIMIT = 2000
