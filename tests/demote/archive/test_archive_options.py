@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import demote
-from demote.archive.options import ArchiveOptions
+from demote.archive.options import ArchiveKeywords, ArchiveOptions
 from demote.archive.postgres import PostgresArchive
 from demote.archive.sqlite import SQLiteArchive
 from demote.errors import ArgumentTypeError, ConfigError
@@ -79,6 +79,16 @@ def test_frozen_and_replace_checks_again() -> None:
     with pytest.raises(ConfigError, match="after"):
         dataclasses.replace(options, after=-3)
     assert options.after == 1
+
+
+def test_the_keywords_are_the_fields_with_the_same_types() -> None:
+    # ArchiveKeywords types the archives' **recall; it must not drift from the fields.
+    fields = {f.name: f.type for f in dataclasses.fields(ArchiveOptions)}
+    keywords = {
+        k: getattr(t, "__forward_arg__", t) for k, t in ArchiveKeywords.__annotations__.items()
+    }
+    assert keywords == fields
+    assert ArchiveKeywords.__optional_keys__ == frozenset(fields)
 
 
 def test_exported_at_the_top() -> None:
