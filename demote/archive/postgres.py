@@ -56,8 +56,8 @@ from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
 from demote.archive.embeddings import Embedder
 from demote.archive.options import ArchiveKeywords, ArchiveOptions
+from demote.backends.flow import drive_async, drive_sync
 from demote.backends.postgres import Pools, table_name
-from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import Demotion, Recalled
 from demote.state._codec import storable_id
