@@ -9,6 +9,7 @@ command and the tools it is built from (transcript replay, prompt-cache pricing)
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from demote.archive.options import ArchiveOptions
 from demote.archive.postgres import PostgresArchive
 from demote.archive.sqlite import SQLiteArchive
 from demote.capture import AsyncRecorder, Recorder, SQLiteOutbox
@@ -66,6 +67,7 @@ from demote.window.policy import (
 )
 
 __all__ = [
+    "ArchiveOptions",
     "ArgumentTypeError",
     "AsyncRecorder",
     "AsyncStateStore",

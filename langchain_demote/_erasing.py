@@ -16,9 +16,9 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
+from demote.backends.flow import Flow
 from demote.engine import Demoter
 from demote.engine._erase_flow import Twin, erase_conversation
-from demote.engine._flow import Flow
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.records import MessageRecord

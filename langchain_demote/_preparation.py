@@ -4,7 +4,7 @@ The middleware's preparation is a generator, shared by ``wrap_model_call`` and
 ``awrap_model_call`` so each piece of logic is written once for sync and async, that
 yields its I/O as the operations below; each has a blocking ``run_sync`` and an awaited
 ``run_async``, run by the flow drivers
-(``demote.engine._flow``).
+(``demote.backends.flow``).
 It returns a :class:`Prepared`: the request to hand on, the state update to return with
 the response, the events to report in the run, and the metadata to put on the model
 call's run.

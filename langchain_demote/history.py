@@ -42,9 +42,9 @@ from langchain_core.messages import BaseMessage, HumanMessage
 
 from demote._checks import check_message, check_messages
 from demote._validate import count
+from demote.backends.flow import Call, Flow, drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.engine._erase_flow import Twin, erase_conversation
-from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent

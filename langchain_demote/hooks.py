@@ -30,8 +30,8 @@ from pydantic import ConfigDict
 
 from demote._validate import count
 from demote.archive import _args
+from demote.backends.flow import Call, Flow, drive_async, drive_sync
 from demote.engine import Demoter
-from demote.engine._flow import Call, Flow, drive_async, drive_sync
 from demote.erase import conversation_hash
 from demote.errors import ArgumentTypeError, ConfigError, FencedOut
 from demote.events import DemoteEvent

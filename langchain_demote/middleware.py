@@ -118,9 +118,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.runtime import Runtime
 
 from demote._validate import count
+from demote.backends.flow import Flow as EraseFlow
+from demote.backends.flow import drive_async, drive_sync
 from demote.engine import Demoter, Window
-from demote.engine._flow import Flow as EraseFlow
-from demote.engine._flow import drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent

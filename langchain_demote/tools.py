@@ -48,7 +48,7 @@ from demote.archive.recall_tool import (
     answer,
     tool_options,
 )
-from demote.engine._flow import drive_async, drive_sync
+from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ConfigError
 from demote.hooks.base import ArchiveRecall
 from demote.window.tokens import Counter

@@ -12,8 +12,8 @@ from __future__ import annotations
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.storage.chat_store import BaseChatStore
 
+from demote.backends.flow import Call, Flow
 from demote.engine._erase_flow import Twin, erase_conversation
-from demote.engine._flow import Call, Flow
 from demote.erase import EraseReport
 from llamaindex_demote._prompt import Parts
 

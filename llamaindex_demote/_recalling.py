@@ -21,9 +21,9 @@ import time
 
 from llama_index.core.base.llms.types import ChatMessage
 
+from demote.backends.flow import Flow
 from demote.engine import Window
 from demote.engine._erase_flow import Twin
-from demote.engine._flow import Flow
 from demote.hooks.base import Recall
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote.instrumentation import emit_events

@@ -45,9 +45,9 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
+from demote.backends.flow import Flow
 from demote.engine import Window
 from demote.engine._erase_flow import Twin
-from demote.engine._flow import Flow
 from demote.records import MessageRecord
 from llamaindex_demote._prompt import Parts, assemble
 from llamaindex_demote._reads import Run, find, note_run, run_history, stored_part

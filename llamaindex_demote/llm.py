@@ -78,7 +78,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 from llama_index.core.tools import BaseTool
 
-from demote.engine._flow import drive_async, drive_sync
+from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ConfigError
 from llamaindex_demote._request import Prepared, prepare
 

@@ -61,8 +61,8 @@ from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
 
 from demote._checks import check_message, check_messages
 from demote._validate import count
+from demote.backends.flow import Flow, drive_async, drive_sync
 from demote.engine import Demoter, Window
-from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.erase import EraseReport
 from demote.errors import ConfigError
 from demote.hooks.base import Capture, Recall

@@ -22,7 +22,7 @@ from __future__ import annotations
 from llama_index.core.tools import FunctionTool
 
 from demote.archive.recall_tool import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
-from demote.engine._flow import drive_async, drive_sync
+from demote.backends.flow import drive_async, drive_sync
 from demote.hooks.base import ArchiveRecall
 from demote.state.base import validate_conversation_id
 from demote.window.tokens import Counter

@@ -71,6 +71,9 @@ def test_demote_exports_come_from_demote() -> None:
         "demote.state",
         "demote.hooks.simple",
         "demote.hooks.base",
+        "demote.archive.options",
+        "demote.archive.sqlite",
+        "demote.archive.postgres",
     ],
 )
 def test_core_module_all(module: str) -> None:

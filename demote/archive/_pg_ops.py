@@ -1,7 +1,7 @@
 """The steps a PostgreSQL archive's operation yields: a database flow, or a model call.
 
 Each operation of :class:`~demote.archive.postgres.PostgresArchive` is written once, as a
-generator of these steps (:data:`Steps`); :func:`demote.engine._flow.drive_sync` runs it
+generator of these steps (:data:`Steps`); :func:`demote.backends.flow.drive_sync` runs it
 with ``run_sync`` and ``drive_async`` with ``run_async``, so the sync and async methods
 share one body.
 """
@@ -25,7 +25,7 @@ _LABEL = "postgres archive"
 
 @dataclass(frozen=True, slots=True)
 class Db:
-    """An operation (:mod:`demote.engine._flow`): a database flow on a pooled connection."""
+    """An operation (:mod:`demote.backends.flow`): a database flow on a pooled connection."""
 
     pools: Pools
     flow: Flow[Any]
@@ -57,5 +57,5 @@ class Embed:
         return await self.model.aembed_query(self.query)
 
 
-#: An operation's steps, run by :func:`demote.engine._flow.drive_sync` or ``drive_async``.
+#: An operation's steps, run by :func:`demote.backends.flow.drive_sync` or ``drive_async``.
 Steps = Generator[Db | Embed, Any, T]

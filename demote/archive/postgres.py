@@ -47,21 +47,20 @@ are only ever bound parameters, and every statement is scoped to one conversatio
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 
 from demote._closing import Closing
 from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _pg_writes
 from demote.archive._pg_flows import Flow
 from demote.archive._pg_ops import Db, Embed, Steps
 from demote.archive._pg_statements import Statements
-from demote.archive._search import Reranker
 from demote.archive.embeddings import Embedder
+from demote.archive.options import ArchiveKeywords, ArchiveOptions
+from demote.backends.flow import drive_async, drive_sync
 from demote.backends.postgres import Pools, table_name
-from demote.engine._flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import Demotion, Recalled
 from demote.state._codec import storable_id
-from demote.window.tokens import Counter
 
 __all__ = ["PostgresArchive"]
 
@@ -81,10 +80,12 @@ class PostgresArchive(Closing):
         demoter = Demoter(policy, archive, state=PostgresStateStore("postgresql://app@db/app"))
         hits = await archive.asearch("chat-1", "where did we go hiking?", k=5, budget_tokens=250)
 
-    The recall options are :class:`~demote.archive.sqlite.SQLiteArchive`'s (same names,
-    defaults and meaning; ``candidates`` is its ``pool``, a name this class gives the
-    connection pool), so the same options rank the same way; the module docstring says
-    where the two archives can differ.
+    The recall options are :class:`~demote.archive.options.ArchiveOptions`, the same as
+    :class:`~demote.archive.sqlite.SQLiteArchive`'s (same names, defaults and meaning;
+    this class calls the connection pool ``pool``, so the candidate pool is only
+    ``candidates``), so the same options rank the same way; the module docstring says
+    where the two archives can differ. Give them as ``options=``, as keywords, or both
+    (a keyword overrides that field of ``options``). The entity index is SQLite's only.
 
     Args:
         dsn: A libpq connection string or URL (``postgresql://user@host:5432/db``); the
@@ -95,41 +96,10 @@ class PostgresArchive(Closing):
         table: The messages table (lowercase letters, digits, underscores; at most 41
             characters); the archive's other tables, its text search configuration and
             dictionary are named after it. Created or migrated when the archive opens.
-        context: Called with each delivered message; what it returns (see
-            :data:`~demote.archive.sqlite.ContextFn`) is indexed with the text.
-        context_weight: BM25 weight of the context relative to the text (1.0).
-        adjacent_weight: BM25 weight of the neighbouring messages' text; ``0`` leaves it
-            out of the search.
-        coverage: How much a message gains for containing more of the query's terms.
-        neighbours: Share of the preceding message's score added to a message's score.
-        speaker_weight: Favour of the messages of a speaker the query names.
-        candidates: How many BM25 candidates (and nearest vectors) are ranked per search.
-        after: How many messages that follow a hit come back with it, as one unit.
-        counter: Counts the tokens of a returned text for ``budget_tokens``.
-        embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
-            callable ``list[str] -> list[list[float]]``; needs numpy.
-        fusion: ``"weighted"`` or ``"rrf"``.
-        dense_weight: The dense ranking's share in weighted fusion, in ``[0, 1]``.
-        on_model_change: ``"refuse"`` or ``"reembed"`` when the table holds another
-            model's vectors.
+        options: The recall options (default: ``ArchiveOptions()``).
         vectors: How vectors are stored, chosen when the table is made: ``"auto"``
             (pgvector's ``vector`` type when the ``vector`` extension is installed in
             the database, else ``real[]``), ``"array"`` or ``"pgvector"``.
-        stop_words: Lowercased words dropped from queries (default:
-            :data:`demote.archive._fts.STOP_WORDS`).
-        time_weight: Favour of the messages dated within the time a query names.
-        decompose: Weight of a query's sub-queries (per named speaker or clause).
-        reranker: ``reranker(query, texts) -> scores`` over the best ``rerank_depth``
-            candidates, fused with weight ``rerank_weight``. These five are the SQLite
-            archive's options, ranked by the same code (its entity index is SQLite's
-            only).
-        rerank_depth: How many candidates the reranker sees.
-        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
-        packing: Budget packing, in ``[0, 4]``: when the best ``k`` hits cost more than
-            ``budget_tokens``, take them by score per token ** ``packing`` (a knapsack's
-            greedy rule), so a budget holds more short hits than a few long ones; ``0``
-            (the default) takes them best first. A search whose ``k`` binds before its
-            budget is unchanged.
         read_only: Open an existing archive for reading only (what ``demote inspect``
             and ``demote search`` do): nothing is created or migrated, the connections
             refuse writes, and ``deliver``/``erase`` raise :class:`StoreError`.
@@ -141,9 +111,13 @@ class PostgresArchive(Closing):
         max_size: Connections each pool may open.
         keepalives_idle: Seconds of idleness before TCP keepalive probes start.
         application_name: Shown in ``pg_stat_activity``.
-        media: ``"reference"`` (the default) stores whole messages without their media
-            bytes (URLs, ids and sizes stay); ``"bytes"`` keeps base64 payloads, as
-            :class:`~demote.archive.sqlite.SQLiteArchive` does.
+        **recall: Any field of :class:`~demote.archive.options.ArchiveOptions`, by name
+            (``context=``, ``embeddings=``, ``candidates=``, ...), over ``options``.
+
+    Attributes:
+        options: The recall options this archive ranks with, keywords applied.
+        table: The messages table.
+        read_only: Whether the archive was opened read-only.
 
     Raises:
         ConfigError: An option is out of range, or the vector storage asked for cannot
@@ -162,27 +136,8 @@ class PostgresArchive(Closing):
         pool: Any = None,
         async_pool: Any = None,
         table: str = "demote_archive",
-        context: _options.ContextFn | None = None,
-        context_weight: float = 0.5,
-        adjacent_weight: float = 0.8,
-        coverage: float = 1.0,
-        neighbours: float = 0.7,
-        speaker_weight: float = 1.0,
-        candidates: int = 50,
-        after: int = 0,
-        counter: str | Counter = "approx",
-        embeddings: object | None = None,
-        fusion: Literal["weighted", "rrf"] = "weighted",
-        dense_weight: float = 0.2,
-        on_model_change: Literal["refuse", "reembed"] = "refuse",
+        options: ArchiveOptions | None = None,
         vectors: Literal["auto", "array", "pgvector"] = "auto",
-        stop_words: Iterable[str] | None = None,
-        time_weight: float = 0.0,
-        decompose: float = 0.0,
-        reranker: Reranker | None = None,
-        rerank_depth: int = 20,
-        rerank_weight: float = 0.5,
-        packing: float = 0.0,
         read_only: bool = False,
         timeout: float = 10.0,
         connect_timeout: float = 5.0,
@@ -191,35 +146,18 @@ class PostgresArchive(Closing):
         max_size: int = 10,
         keepalives_idle: int = 30,
         application_name: str = "demote",
-        media: Literal["reference", "bytes"] = "reference",
+        **recall: Unpack[ArchiveKeywords],
     ) -> None:
         table = table_name(table, 41)
-        self._media = _options.media_option(media)
-        self._searcher = _options.searcher(
-            context_weight=context_weight,
-            adjacent_weight=adjacent_weight,
-            coverage=coverage,
-            neighbours=neighbours,
-            speaker_weight=speaker_weight,
-            pool=candidates,
-            after=after,
-            counter=counter,
-            fusion=fusion,
-            dense_weight=dense_weight,
-            on_model_change=on_model_change,
-            stop_words=stop_words,
-            pool_name="candidates",
-            time_weight=time_weight,
-            decompose=decompose,
-            reranker=reranker,
-            rerank_depth=rerank_depth,
-            rerank_weight=rerank_weight,
-            packing=packing,
-        )
+        self.options = _options.merged("PostgresArchive", options, recall)
+        self._searcher = _options.searcher(self.options)
+        self._media = self.options.media
+        self._context = self.options.context
+        on_model_change = self.options.on_model_change
         _pg_schema.check_option(vectors)
         self.table = table
         self.read_only = read_only
-        self._context, self._embedder, dims = _options.model_parts(context, embeddings)
+        self._embedder, dims = _options.model_parts(self.options)
         self._matrices = _pg_search.Matrices()
         self._st: Statements
         cleared: list[bool] = []

@@ -6,11 +6,12 @@ An agent's recall tool (``langchain_demote.recall_tool``, ``llamaindex_demote.re
 does one of two things for the model: it *searches* the conversation's long tail for a
 query, or it *fetches* one archived message by the key a placeholder names
 (:func:`demote.window.clearing.placeholder_text`). Both adapters run the same generator,
-:func:`answer`: it yields the archive call it needs (a :class:`demote.engine._flow.Call`: ``search``
-or ``fetch``, awaited as ``asearch`` / ``afetch`` on the async path), is sent the result
-(or the exception) back, and returns the text the model reads. So the decisions (which
-action, how the model's ``k`` and budget are bounded, what a missing conversation or a
-failing archive answers) are written once, for sync and async and for both frameworks.
+:func:`answer`: it yields the archive call it needs (a
+:class:`demote.backends.flow.Call`: ``search`` or ``fetch``, awaited as ``asearch`` /
+``afetch`` on the async path), is sent the result (or the exception) back, and returns
+the text the model reads. So the decisions (which action, how the model's ``k`` and
+budget are bounded, what a missing conversation or a failing archive answers) are written
+once, for sync and async and for both frameworks.
 
 Every answer is a string, never an exception: the model gets a short, clear sentence when
 there is no conversation, nothing matches, the key is not this conversation's, or the
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from demote.archive.render import MIN_HIT_TOKENS, render_fetched, render_hits
-from demote.engine._flow import Call
+from demote.backends.flow import Call
 from demote.errors import ConfigError
 from demote.hooks.base import ArchiveRecall
 from demote.window.tokens import Counter, approximate_tokens, resolve_counter
@@ -181,7 +182,7 @@ def answer(
 ) -> Generator[Call, Any, str]:
     """One recall tool call as a flow: fetch by ``key`` when given, else search ``query``.
 
-    Run by :func:`demote.engine._flow.drive_sync` or :func:`demote.engine._flow.drive_async`.
+    Run by :func:`demote.backends.flow.drive_sync` or :func:`demote.backends.flow.drive_async`.
 
     Args:
         archive: An :class:`~demote.hooks.base.ArchiveRecall` (``search`` and ``fetch``,

@@ -32,10 +32,10 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Unpack
 
 from demote._closing import Closing
-from demote._validate import file_path, seconds
+from demote._validate import count, file_path, seconds
 from demote.archive import (
     _args,
     _erasure,
@@ -47,20 +47,23 @@ from demote.archive import (
     _sqlite_writes,
     _vectors,
 )
-from demote.archive._search import Reranker
+from demote.archive.options import ArchiveKeywords, ArchiveOptions
 from demote.backends.sqlite_kind import connect
 from demote.backends.wal import truncate_wal
-from demote.errors import ArgumentTypeError, StoreError
+from demote.errors import ArgumentTypeError, ConfigError, StoreError
 from demote.records import Demotion, Recalled, storable_text
 from demote.state.base import validate_conversation_id
-from demote.window.tokens import Counter
 
-__all__ = ["ContextFn", "SQLiteArchive"]
+__all__ = ["ContextFn", "SQLiteArchive", "SQLiteKeywords"]
 
-#: Gives the context indexed with a message: a string (a speaker and a date, say), a
-#: mapping whose values are indexed (its ``"speaker"``, if any, also prefixes the text
-#: that is embedded), or ``None`` for none.
+#: Gives the context indexed with a message (see :data:`demote.archive.options.ContextFn`).
 ContextFn = _options.ContextFn
+
+
+class SQLiteKeywords(ArchiveKeywords, total=False):
+    """:class:`~demote.archive.options.ArchiveKeywords` and ``pool`` (``candidates``)."""
+
+    pool: int
 
 
 class SQLiteArchive(Closing):
@@ -79,46 +82,20 @@ class SQLiteArchive(Closing):
     delivery, inside :meth:`deliver`: wrap the archive in a ``Recorder`` to keep the model
     call off the request path. Each search embeds its query (one call).
 
+    The recall options (``context=``, ``embeddings=``, the ranking weights, ``media=``, ...)
+    are :class:`~demote.archive.options.ArchiveOptions`, which documents each of them:
+    give them as ``options=``, as keywords, or both (a keyword overrides that field of
+    ``options``). :class:`~demote.archive.postgres.PostgresArchive` takes the same ones.
+
     Args:
         path: The database file (created if missing; its directory must exist), or
             ``":memory:"``.
-        context: Called with each delivered message; what it returns (a speaker name, a
-            date, a title; see :data:`ContextFn`) is indexed alongside the text and
-            searched with weight ``context_weight``. ``None`` (the default) indexes the
-            text only.
-        context_weight: BM25 weight of the context column relative to the text (1.0).
-        adjacent_weight: BM25 weight of the neighbouring messages' text, indexed with
-            each message; ``0`` leaves it out of the search.
-        coverage: How much a message gains for containing more of the query's distinct
-            terms (IDF-weighted); ``0`` ranks by plain BM25.
-        neighbours: Share of the preceding message's score added to a message's score
-            (doubled when the preceding message asks a question; half as much comes from
-            the following message); ``0`` scores each message alone.
-        speaker_weight: When a query names a speaker of the conversation (a context
-            mapping's ``"speaker"``), that speaker's messages score ``1 + speaker_weight``
-            times as much; ``0`` turns it off.
-        pool: How many BM25 candidates (and nearest vectors) are ranked per search (at
-            least ``k``).
-        after: How many of the messages that follow a hit come back with it, as one
-            unit (a question's answer is often the turn after the one that matched).
-        counter: Counts the tokens of a returned text for ``budget_tokens``: a counter
-            name (``"approx"``, the default: characters / 4, rounded up; ``"tiktoken"``)
-            or any ``str -> int`` callable. Only the text counts, not the role.
-        embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
-            callable ``list[str] -> list[list[float]]`` (see
-            :func:`demote.archive.embeddings.as_embedder`); ``None`` (the default) recalls by
-            text alone. Needs numpy (``demote[embeddings]``).
-        fusion: How the lexical and the dense rankings are combined: ``"weighted"`` (a
-            weighted sum of min-max-normalised scores) or ``"rrf"`` (reciprocal rank).
-        dense_weight: The dense ranking's share in ``"weighted"`` fusion, in ``[0, 1]``.
-        on_model_change: When the file holds vectors of another model (name or
-            dimensions): ``"refuse"`` raises :class:`~demote.errors.EmbeddingModelChanged`
-            at open; ``"reembed"`` deletes them and embeds every stored message again, at
-            open.
-        stop_words: Lowercased words dropped from queries; ``None`` (the default) uses
-            :data:`demote.archive._fts.STOP_WORDS`, 189 common English function words
-            and question words.
+        options: The recall options (default: ``ArchiveOptions()``).
         timeout: Seconds to wait for a lock held by another connection.
+        read_only: Open an existing archive without ever writing it (``demote search``,
+            ``demote inspect``): a file of an older schema is refused instead of migrated,
+            and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
+            :class:`~demote.errors.StoreError`.
         entities: Keep the entity index (:mod:`demote.archive._entities`): the names each
             message uses, its he/she pronouns resolved to the last name used before
             them, built when messages are archived (a file archived without it gains it
@@ -126,30 +103,12 @@ class SQLiteArchive(Closing):
             by ``1 + entity_weight``, and a name linked to few messages lets them in even
             when they share no word with the question.
         entity_weight: The lift of the entity index (used with ``entities=True``).
-        time_weight: When a question names a time ("in June", "last summer", "on 3 June,
-            2023"), the messages whose context date falls in it score ``1 +
-            time_weight`` times as much (:mod:`demote.archive._time`); ``0`` turns it off.
-        decompose: Weight of the sub-queries of a question that names two speakers or
-            joins two asks (:mod:`demote.archive._decompose`), merged with the whole
-            query's ranking; ``0`` (off) to ``1``.
-        reranker: ``reranker(query, texts) -> scores`` (a cross-encoder, any callable):
-            the best ``rerank_depth`` candidates are re-scored by it and fused with
-            weight ``rerank_weight``; it runs on the search path, once per search.
-        rerank_depth: How many candidates the reranker sees.
-        rerank_weight: The reranker's share of the fused score, in ``[0, 1]``.
-        packing: Budget packing, in ``[0, 4]``: when the best ``k`` hits cost more than
-            ``budget_tokens``, take them by score per token ** ``packing`` (a knapsack's
-            greedy rule), so a budget holds more short hits than a few long ones; ``0``
-            (the default) takes them best first. A search whose ``k`` binds before its
-            budget is unchanged.
-        media: How the whole messages' media are stored: ``"reference"`` (the default)
-            keeps URLs, file ids, types and sizes and drops base64 bytes
-            (:func:`demote.window._media.data_by_reference`); ``"bytes"`` keeps them, so the
-            messages come back exactly as they were.
-        read_only: Open an existing archive without ever writing it (``demote search``,
-            ``demote inspect``): a file of an older schema is refused instead of migrated,
-            and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
-            :class:`~demote.errors.StoreError`.
+        **recall: Any field of :class:`~demote.archive.options.ArchiveOptions`, by name
+            (``context=``, ``embeddings=``, ``after=``, ...), over ``options``; and
+            ``pool=``, this archive's name for ``candidates`` (give one of the two).
+
+    Attributes:
+        options: The recall options this archive ranks with, keywords applied.
 
     Raises:
         StoreError: The file cannot be opened, is not a compatible archive, or belongs to
@@ -164,60 +123,28 @@ class SQLiteArchive(Closing):
         self,
         path: str | os.PathLike[str],
         *,
-        context: ContextFn | None = None,
-        context_weight: float = 0.5,
-        adjacent_weight: float = 0.8,
-        coverage: float = 1.0,
-        neighbours: float = 0.7,
-        speaker_weight: float = 1.0,
-        pool: int = 50,
-        after: int = 0,
-        counter: str | Counter = "approx",
-        embeddings: object | None = None,
-        fusion: Literal["weighted", "rrf"] = "weighted",
-        dense_weight: float = 0.2,
-        on_model_change: Literal["refuse", "reembed"] = "refuse",
-        stop_words: Iterable[str] | None = None,
+        options: ArchiveOptions | None = None,
         timeout: float = 5.0,
         read_only: bool = False,
         entities: bool = False,
         entity_weight: float = 1.0,
-        time_weight: float = 0.0,
-        decompose: float = 0.0,
-        reranker: Reranker | None = None,
-        rerank_depth: int = 20,
-        rerank_weight: float = 0.5,
-        packing: float = 0.0,
-        media: Literal["reference", "bytes"] = "reference",
+        **recall: Unpack[SQLiteKeywords],
     ) -> None:
         target = file_path("path", path)
-        self._media = _options.media_option(media)
+        if "pool" in recall:
+            if "candidates" in recall:
+                raise ConfigError("pool: the same option as candidates; give one of the two")
+            recall["candidates"] = count("pool", recall.pop("pool"))
+        self.options = _options.merged("SQLiteArchive", options, recall)
         timeout = seconds("timeout", timeout)
-        self._searcher = _options.searcher(
-            context_weight=context_weight,
-            adjacent_weight=adjacent_weight,
-            coverage=coverage,
-            neighbours=neighbours,
-            speaker_weight=speaker_weight,
-            pool=pool,
-            after=after,
-            counter=counter,
-            fusion=fusion,
-            dense_weight=dense_weight,
-            on_model_change=on_model_change,
-            stop_words=stop_words,
-            entity_weight=entity_weight if entities else 0.0,
-            time_weight=time_weight,
-            decompose=decompose,
-            reranker=reranker,
-            rerank_depth=rerank_depth,
-            rerank_weight=rerank_weight,
-            packing=packing,
-        )
         if not isinstance(entities, bool):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
+        lift = _args.weight("entity_weight", entity_weight)
+        self._searcher = _options.searcher(self.options, entity_weight=lift if entities else 0.0)
         self._entities = entities
-        self._context, self._embedder, dims = _options.model_parts(context, embeddings)
+        self._media = self.options.media
+        self._context = self.options.context
+        self._embedder, dims = _options.model_parts(self.options)
         if not isinstance(read_only, bool):
             raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
         try:
@@ -234,7 +161,7 @@ class SQLiteArchive(Closing):
                 entities=entities,
                 embedder=self._embedder,
                 dims=dims,
-                reembed=on_model_change == "reembed",
+                reembed=self.options.on_model_change == "reembed",
             )
             if cleared:
                 self.embed_pending()

@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from demote._validate import count, seconds
+from demote.backends.flow import Call, Flow, Sleep, drive_async, drive_sync
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
@@ -40,7 +41,6 @@ from demote.capture.dispatch import (
     _Stop,
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
-from demote.engine._flow import Call, Flow, Sleep, drive_async, drive_sync
 from demote.errors import ArgumentTypeError, ConfigError, HookBusy, HookTimeout, StoreError
 from demote.records import CapturedTurn, Demotion, storable_text
 from demote.state.base import validate_conversation_id

@@ -11,8 +11,9 @@ what its outcome records), ``Degradation`` (``_degraded``: degraded loads and wa
 ``Compactor`` (``_compaction``: background summaries) and ``Eraser`` (``_erasing``: clear,
 forget and erase, with ``_erase_flow`` for the adapters' erase); ``_work`` holds what they
 pass each other. Beside them: describing a message (``_describing``), stats (``_stats``),
-the I/O operations and their drivers (``_flow``), per-conversation views (``_views``), the
-hook threads and lease keeper (``_runner``), and retry backoff.
+the engine's own I/O operations (``_flow``; their drivers are ``demote.backends.flow``),
+per-conversation views (``_views``), the hook threads and lease keeper (``_runner``), and
+retry backoff.
 """
 
 from demote.engine.demoter import Demoter

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from demote.engine._flow import Flow, HasKeys
+from demote.backends.flow import Flow
+from demote.engine._flow import HasKeys
 from demote.engine._views import ViewCache
 from demote.engine._work import Hold, Tally, Work
 from demote.engine.retry import RetryTracker

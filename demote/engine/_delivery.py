@@ -30,8 +30,9 @@ from dataclasses import replace
 from typing import Any
 
 from demote.backends.breaker import Breaker, breaker_of, is_outage
+from demote.backends.flow import Flow, Spawn, drive_async
 from demote.engine._batches import Batches
-from demote.engine._flow import Deliver, Flow, Outcome, Running, Spawn, drive_async
+from demote.engine._flow import Deliver, Outcome, Running
 from demote.engine._flow import store_call as _op
 from demote.engine._runner import HookRunner, LeaseKeeper
 from demote.engine._views import ViewCache

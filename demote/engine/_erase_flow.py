@@ -10,7 +10,7 @@
 4. Report how many messages left the inner store (:attr:`EraseReport.inner`).
 
 The adapters give the two store operations as :class:`Twin` (or any other
-:mod:`demote.engine._flow` operation) and run the flow with ``drive_sync`` or ``drive_async``.
+:mod:`demote.backends.flow` operation) and run the flow with ``drive_sync`` or ``drive_async``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from demote._validate import seconds
-from demote.engine._flow import Call, Flow, Op
+from demote.backends.flow import Call, Flow, Op
 from demote.engine.demoter import Demoter
 from demote.erase import EraseReport
 from demote.records import MessageRecord, make_key

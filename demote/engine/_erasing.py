@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._validate import seconds
+from demote.backends.flow import Call, Flow, Sleep
 from demote.engine._compaction import Compactor
 from demote.engine._delivery import Delivery
-from demote.engine._flow import Call, Flow, Sleep
 from demote.engine._views import ViewCache
 from demote.engine._work import Hold, Tally
 from demote.engine.retry import RetryTracker

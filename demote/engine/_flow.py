@@ -1,80 +1,35 @@
-"""The I/O operations a demotion flow yields, and the two drivers that perform them.
+"""The engine's own I/O operations: the hook, a key lookup, a summary, a store call.
 
-The engine's logic lives in generators (sans-I/O, like httpx's ``auth_flow``): they yield
-an operation when they need I/O and receive its result, or its exception, back. The sync
-driver performs an operation with blocking calls, the async driver awaits it; everything
-else is shared. Cancelling an async driver closes the flow, so its ``finally`` blocks run
-(the in-flight gate is always released; a lease is handed to the engine's keeper thread).
+The engine's logic lives in generators run by the drivers of :mod:`demote.backends.flow`
+(sans-I/O, like httpx's ``auth_flow``): they yield an operation when they need I/O and
+receive its result, or its exception, back. Cancelling an async driver closes the flow,
+so its ``finally`` blocks run (the in-flight gate is always released; a lease is handed to
+the engine's keeper thread).
 
 Every I/O of a load is an operation here: the state store's reads, leases and commits
 (:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
 summary. So the async path awaits the stores' async twins and never blocks the loop.
 
 :class:`Deliver` waits for the hook at most ``hook_wait``; a call that outlives it comes
-back as a :class:`Running` call, which a background flow (:class:`Spawn`) follows to its
-end with :class:`Outcome`: a runner thread's future from a thread, a task on its loop.
+back as a :class:`Running` call, which a background flow
+(:class:`~demote.backends.flow.Spawn`) follows to its end with :class:`Outcome`: a runner
+thread's future from a thread, a task on its loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
+from demote.backends.flow import Call, run_sync
 from demote.engine._runner import HookRunner
 from demote.errors import HookTimeout, SummarizerError
 from demote.hooks.simple import deliver_sync, native_async
 from demote.records import Demotion, MessageRecord, storable_text
-from demote.sync import run_sync
-
-R = TypeVar("R")
-
-
-class Op(Protocol):
-    """One I/O operation: performed blocking or awaited, with the same result."""
-
-    def run_sync(self) -> Any:
-        """Perform the operation with blocking calls."""
-
-    async def run_async(self) -> Any:
-        """Perform the operation without blocking the event loop."""
-
-
-Flow = Generator[Op, Any, R]
-
-
-@dataclass(slots=True)
-class Call:
-    """Call ``target.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
-
-    A target without that async twin runs the sync method in a worker thread, unless it
-    declares ``nonblocking = True`` (no I/O at all): then the sync method is called.
-    """
-
-    target: object
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    def run_sync(self) -> Any:
-        method = getattr(self.target, self.name, None)
-        if method is None:  # an async-only target, from sync code
-            return run_sync(getattr(self.target, "a" + self.name)(*self.args, **self.kwargs))
-        return method(*self.args, **self.kwargs)
-
-    async def run_async(self) -> Any:
-        twin = getattr(self.target, "a" + self.name, None)
-        if twin is not None:
-            return await twin(*self.args, **self.kwargs)
-        method = getattr(self.target, self.name)
-        if getattr(self.target, "nonblocking", False):
-            return method(*self.args, **self.kwargs)
-        return await asyncio.to_thread(method, *self.args, **self.kwargs)
-
 
 StoreCall = Call
 
@@ -279,85 +234,3 @@ def _text(value: object) -> str:
     if not isinstance(value, str):
         raise SummarizerError(f"summarizer returned {type(value).__name__}, not str")
     return storable_text(value)  # the summary goes into the state store
-
-
-@dataclass(slots=True)
-class Sleep:
-    """Pause the flow (``time.sleep`` or ``asyncio.sleep``)."""
-
-    seconds: float
-
-    def run_sync(self) -> None:
-        time.sleep(self.seconds)
-
-    async def run_async(self) -> None:
-        await asyncio.sleep(self.seconds)
-
-
-@dataclass(slots=True)
-class Spawn:
-    """Run another flow in the background: a thread for sync callers, a task for async."""
-
-    flow: Flow[Any]
-    tracker: set[Any]
-    lock: threading.Lock
-
-    def run_sync(self) -> None:
-        thread = threading.Thread(target=self._run_thread, name="demote-background", daemon=True)
-        with self.lock:
-            self.tracker.add(thread)
-        thread.start()
-
-    def _run_thread(self) -> None:
-        try:
-            drive_sync(self.flow)
-        finally:
-            with self.lock:
-                self.tracker.discard(threading.current_thread())
-
-    async def run_async(self) -> None:
-        task = asyncio.get_running_loop().create_task(drive_async(self.flow))
-        with self.lock:
-            self.tracker.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            with self.lock:
-                self.tracker.discard(t)
-
-        task.add_done_callback(done)
-
-
-def drive_sync(flow: Flow[R]) -> R:
-    """Run ``flow`` to its end, performing each operation with blocking calls."""
-    result: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = op.run_sync(), None
-        except Exception as exc:  # handed back to the flow, which decides
-            result, error = None, exc
-        except BaseException:
-            flow.close()
-            raise
-
-
-async def drive_async(flow: Flow[R]) -> R:
-    """Run ``flow`` to its end, awaiting each operation (cancellation closes the flow)."""
-    result: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = await op.run_async(), None
-        except Exception as exc:
-            result, error = None, exc
-        except BaseException:
-            flow.close()
-            raise

@@ -39,10 +39,10 @@ from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
 from demote._validate import count
+from demote.backends.flow import Flow
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
-from demote.engine._flow import Flow
 from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
 from demote.engine._work import FRESH, Tally, Work

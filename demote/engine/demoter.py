@@ -19,7 +19,7 @@ truth) is never touched.
 
 Every I/O of a load (the state read, the lease, the hook, the commit) is an operation
 yielded by one generator (``Loader.flow``) and performed by two short drivers, one
-blocking, one awaiting (:mod:`demote.engine._flow`), so the async path never blocks an
+blocking, one awaiting (:mod:`demote.backends.flow`), so the async path never blocks an
 event loop. A sync hook that must not block past ``hook_timeout`` (or must not block an
 event loop) runs on the engine's own threads (:mod:`demote.engine._runner`); a call that
 outlives its wait keeps the conversation busy, gate and lease, until it ends, so the same
@@ -36,12 +36,12 @@ from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote._validate import count, seconds
+from demote.backends.flow import Flow, drive_async, drive_sync
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
 from demote.engine._describing import describe_message
 from demote.engine._erasing import Eraser
-from demote.engine._flow import Flow, drive_async, drive_sync
 from demote.engine._loading import Loader
 from demote.engine._stats import stats_of_conversation, stats_of_demoter
 from demote.engine._views import ViewCache

@@ -7,9 +7,9 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from demote.backends.flow import run_sync
 from demote.errors import ConfigError
 from demote.records import Demotion
-from demote.sync import run_sync
 
 __all__ = [
     "CallbackHook",

@@ -28,7 +28,7 @@ from demote.archive.render import (
     snippet,
 )
 from demote.archive.sqlite import SQLiteArchive
-from demote.engine._flow import drive_async, drive_sync
+from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ArgumentTypeError, ConfigError, ConversationIdError, StoreError
 from demote.records import DemotedMessage, Demotion, Recalled
 from demote.window.tokens import approximate_tokens
