@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from demote import Backoff, Demoter, Demotion, SlidingWindow, SQLiteStateStore
 from demote.records import TRAIL_DIGITS, TRAIL_KEPT, MessageRecord, fingerprint, make_key
-from tests.strategies import Msg, describer, policies, turn, unique, within_bound
+from tests.strategies import Msg, describer, examples, policies, turn, unique, within_bound
 
 # Random policies include Compact without a summarizer, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore::demote.errors.DemoteWarning")
@@ -356,5 +356,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert cid in CIDS and index >= 0 and len(key) == 32
 
 
-EngineMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+EngineMachine.TestCase.settings = settings(
+    max_examples=examples(40, cost=10), stateful_step_count=30, deadline=None
+)
 TestEngineMachine = EngineMachine.TestCase
