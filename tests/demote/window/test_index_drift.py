@@ -156,3 +156,24 @@ def test_an_edited_opener_is_counted_as_it_is_one_load_after_the_cut() -> None:
         assert a.opener is history[0] and b.opener is history[0]
         assert (a.start, a.messages, a.overhang) == (b.start, b.messages, b.overhang)
         assert cached.state_of("c") == fresh.state_of("c")
+
+
+def test_a_window_inside_a_turn_that_began_with_an_assistant_call() -> None:
+    """(E) The history starts with an assistant's call, the user speaks, then its result.
+
+    The result merged the user's message into the assistant's group, so the turn had "no
+    user message" and the window started at an assistant message with no opener though
+    the user had spoken (the engine's state machine found it). The opener is the newest
+    user message before the window.
+    """
+    msgs = [
+        Msg("assistant", "hello, looking you up", opens=("x",)),
+        Msg("user", "hi, book me a table"),
+        Msg("tool", "profile", answers="x"),
+        Msg("assistant", "searching"),
+        Msg("assistant", "found one"),
+        Msg("assistant", "booked"),
+    ]
+    plans = replay(SlidingWindow.last_messages(2), msgs)
+    inside = [p for p in plans if p.window_start > 1 and p.window_start < p.end]
+    assert inside and all(p.opener == 1 for p in inside), plans
