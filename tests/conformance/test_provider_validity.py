@@ -40,6 +40,7 @@ from demote.window.policy import ClearToolResults
 from langchain_demote import DemotingChatMessageHistory, DemotingMiddleware
 from langchain_demote.messages import to_core
 from tests.agent_strategies import AgentScript, agent_policies, agent_scripts, events
+from tests.strategies import examples
 from tests.support.provider_rules import (
     anthropic_violations,
     openai_violations,
@@ -48,12 +49,12 @@ from tests.support.provider_rules import (
 )
 
 HISTORY = settings(
-    max_examples=60,
+    max_examples=examples(60, cost=20),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 AGENT = settings(
-    max_examples=20,
+    max_examples=examples(20, cost=50),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
