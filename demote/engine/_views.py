@@ -277,6 +277,12 @@ def snapshot_plan(
     raws = list(messages[lo:])
     view = View(lo, raws, [describe(m) for m in raws])
     p = plan(policy, basis, view.records, base=lo, reserved=reserved)
+    if p.needs is not None and not p.rewritten:
+        # The window starts inside a turn whose opener is before what was read (or a
+        # token window's pinned head is): read back to it, as a load of the history does.
+        raws = list(messages[p.needs :])
+        view = View(p.needs, raws, [describe(m) for m in raws])
+        p = plan(policy, basis, view.records, base=p.needs, reserved=reserved)
     if p.rewritten:  # not the committed history after all: its own window
         raws = list(messages)
         view = View(0, raws, [describe(m) for m in raws])
