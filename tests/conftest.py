@@ -31,8 +31,18 @@ try:
     from hypothesis import settings as _hypothesis_settings
 
     _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
-    if os.environ.get("CI"):
-        _hypothesis_settings.load_profile("ci")
+    # `make fuzz`: random draws whatever CI says, and the property tests that take their
+    # budget from tests.strategies.examples run DEMOTE_FUZZ_EXAMPLES examples each.
+    _hypothesis_settings.register_profile(
+        "fuzz",
+        derandomize=False,
+        deadline=None,
+        print_blob=True,
+        max_examples=int(os.environ.get("DEMOTE_FUZZ_EXAMPLES", "2000")),
+    )
+    _profile = os.environ.get("DEMOTE_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "")
+    if _profile:
+        _hypothesis_settings.load_profile(_profile)
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
     pass
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from demote.records import ConversationState, MessageRecord, fingerprint
@@ -68,6 +70,19 @@ def describer(demoter: Any) -> Callable[[Msg], MessageRecord]:
 
 
 _serial = itertools.count()
+
+
+def examples(n: int, *, cost: int = 1) -> int:
+    """A property test's example budget: ``n``, or under ``make fuzz`` the fuzz budget.
+
+    ``make fuzz`` selects the ``fuzz`` Hypothesis profile (``DEMOTE_HYPOTHESIS_PROFILE``,
+    see tests/conftest.py), whose ``max_examples`` is the budget per test; a test whose
+    example costs about ``cost`` planner examples (an agent run) gets that share of it,
+    and never fewer than ``n``.
+    """
+    if os.environ.get("DEMOTE_HYPOTHESIS_PROFILE") != "fuzz":
+        return n
+    return max(n, settings.default.max_examples // cost)
 
 
 def unique(msgs: Sequence[Msg], tag: str = "") -> list[Msg]:
@@ -322,21 +337,23 @@ def agent_policies(
 
 
 def cut_points(records: Sequence[MessageRecord], lo: int) -> list[int]:
-    """Where a group or a step may start in ``records[lo:]`` (absolute), in two passes."""
-    answered_at: dict[str, int] = {}
+    """Where a group or a step may start in ``records[lo:]`` (absolute), in two passes.
+
+    A result answers the latest opening of its call id before it; no user or assistant
+    message after that opening, up to the result, starts anything.
+    """
+    span: list[tuple[int, int]] = []  # (opening, answer) of every result bound in range
     for i in range(lo, len(records)):
-        answers = records[i].answers
-        if answers is not None:
-            answered_at[answers] = i
-    out = [lo] if lo < len(records) else []
-    reach = -1
-    for i in range(lo, len(records)):
-        rec = records[i]
-        if i > lo and rec.role in ("user", "assistant") and reach < i:
-            out.append(i)
-        for call_id in rec.opens:
-            reach = max(reach, answered_at.get(call_id, -1))
-    return out
+        call = records[i].answers
+        opened = [j for j in range(lo, i) if call is not None and call in records[j].opens]
+        if opened:
+            span.append((opened[-1], i))
+    return [
+        i
+        for i in range(lo, len(records))
+        if i == lo
+        or (records[i].role in ("user", "assistant") and not any(o < i <= a for o, a in span))
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,15 +443,8 @@ def reference_plan(
         over = max(0, size - policy.limit)
         return Reference(pinned, start, None, size, None, state.cleared, (), (), start, over)
     costs = [_shown_cost(policy, r) for r in records]
-    groups = turn_groups(records, start)
+    groups = [g for g in cut_points(records, start) if g == start or records[g].role == "user"]
     cuts = cut_points(records, start)
-    group_opener: dict[int, int | None] = {g: g for g in groups if records[g].role == "user"}
-    if groups[0] not in group_opener:
-        group_opener[groups[0]] = None
-        if not fresh:
-            before = turn_groups(records[:start])
-            if records[before[-1]].role == "user":
-                group_opener[groups[0]] = before[-1]
 
     # Clearing: oldest clearable results first, never the newest ``keep``.
     clearable = [i for i in range(start, end) if costs[i][2]]
@@ -462,10 +472,10 @@ def reference_plan(
         return max(g for g in groups if g <= pos)
 
     def opener_at(pos: int) -> int | None:
-        g = group_of(pos)
-        if pos == g and records[g].role == "user":
+        """The newest user message before a start that is not one (none before: none)."""
+        if records[pos].role == "user":
             return None
-        return group_opener[g]
+        return max((i for i in range(pos) if records[i].role == "user"), default=None)
 
     def size(pos: int) -> int:
         opener = opener_at(pos)

@@ -339,6 +339,16 @@ def snapshot_plan(
     raws = list(messages[lo:])
     view = View(lo, raws, [describe(m) for m in raws])
     p = plan(policy, basis, view.records, base=lo, reserved=reserved, pinned_tokens=pinned_tokens)
+    if p.needs is not None and not p.rewritten:
+        # The window starts inside a turn whose opener is before what was read (or a
+        # token window's pinned head is): read back to it, as a load of the history does,
+        # never into positions that were pruned.
+        at = max(p.needs, pruned.stop) if pruned else p.needs
+        raws = list(messages[at:])
+        view = View(at, raws, [describe(m) for m in raws])
+        p = plan(
+            policy, basis, view.records, base=at, reserved=reserved, pinned_tokens=pinned_tokens
+        )
     if p.rewritten:  # not the committed history after all: its own window
         raws = list(messages[own_lo:])
         view = View(own_lo, raws, [describe(m) for m in raws])

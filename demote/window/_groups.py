@@ -1,28 +1,37 @@
 """The incremental index of turn groups and steps the planner keeps over the window region.
 
-:func:`demote.window.planner.turn_groups` states the rule in two passes over a range: a user
-message starts a group unless a tool call opened earlier in the range is answered at or
-after it. Steps follow the same rule one level down: an assistant message starts a step
-unless a call opened earlier in the range is answered at or after it (so a call and all of
-its results, parallel calls included, are one step). The positions where a group or a step
-may start are the *cuts*. :class:`GroupIndex` is that rule kept up to date one appended
-record at a time, so a load that appended one or two messages costs one or two steps, not a
-pass over the window:
+:func:`demote.window.planner.turn_groups` states the rule in two passes over a range: a result
+answers the latest opening of its call id before it in the range (providers require unique
+ids; a reused id starts a new call), and a user message starts a group unless it lies
+after a call's opening and at or before one of its answers. Steps follow the same rule one
+level down: an assistant message starts a step unless it lies inside such a span (so a
+call and all of its results, parallel calls included, are one step). The positions where a
+group or a step may start are the *cuts*. A result whose call is not opened in the range
+(its call was demoted before it arrived) joins nothing. :class:`GroupIndex` is that rule
+kept up to date one appended record at a time, so a load that appended one or two messages
+costs one or two steps, not a pass over the window:
 
 - a user message optimistically starts a group, a user or assistant message a cut;
-- a message answering a call opened in the region at ``o`` (its earliest opening there)
-  removes the group starts and cuts in ``(o, answer]``. Those are always a suffix (nothing
-  after the answer exists yet), so this is a truncation. Removing ``(o, a]`` for every
-  answer ``a`` as it arrives removes ``(o, last answer]`` in the end, exactly what the
+- a message answering a call whose latest opening in the region is at ``o`` removes the
+  group starts and cuts in ``(o, answer]``. Those are always a suffix (nothing after the
+  answer exists yet), so this is a truncation, and the union of the truncations is what the
   two-pass rule removes;
-- calls stay in the index after their answers (a late duplicate answer still merges), and
-  the openings of every call are kept, so dropping front cuts keeps exactly the openings a
-  pass over the shorter range would see.
+- calls stay in the index after their answers (a late duplicate answer still merges), with
+  their latest opening, so dropping front cuts keeps exactly the openings a pass over the
+  shorter range would see.
 
 Moving the region start forward to one of its cuts (:meth:`GroupIndex.advance`) slices the
 index: no call opened before a cut is answered at or after it, so what lies behind it is
-what a fresh pass over the shorter range finds. A start inside a turn (a step cut) remembers
-the turn's opening user message (:attr:`GroupIndex.opener`), which lies before the region.
+what a fresh pass over the shorter range finds.
+
+The *opener* of a window that starts inside a turn (at an assistant message) is the newest
+user message before its start: the turn's opening message, or the one a user interjected
+with while a call was running. It depends on the records before the start alone, whatever
+was demoted when, so a cached index and a fresh plan always agree on it (an opener read off
+the turn groups would not: a result that arrives after its call was demoted joins nothing,
+yet a pass from the start of the history would let it merge the turns it spans). The index
+keeps the user messages of its region; a region that starts inside a turn remembers the
+newest user message before it (:attr:`GroupIndex.opener`).
 
 Sizes are cumulative counts (under a :class:`~demote.window.clearing.ResultCosts`, so clipped
 results count as clipped) at each group start and each cut, from an arbitrary origin: the
@@ -63,11 +72,11 @@ class GroupIndex:
         tokens_at: Cumulative cost (tokens) at each group start (from an arbitrary
             origin: only differences mean anything).
         tokens: Cumulative cost at ``end`` (same origin).
-        calls: Tool call id -> the indexes in the region where it is opened (never
+        calls: Tool call id -> the index of its latest opening in the region (never
             mutated; a new mapping is made when it changes).
         costs: How each record was counted (an index is reused only under the same).
-        heads: Cost of each group's opening user message (``0`` for a first group that
-            does not start with one).
+        users: Indexes of the user messages in the region, oldest first.
+        user_costs: The cost of each of ``users``.
         cuts: Every group start and step start, oldest first (``cuts[0] == start``).
         cuts_at: Cumulative cost at each cut.
         tools_at: Cumulative cost of the tool results at each cut.
@@ -80,11 +89,11 @@ class GroupIndex:
             messages with their long call arguments cut), oldest first.
         lead_user: The region starts with a user message (its first group is a whole
             turn); else it starts inside a turn or with a non-user message.
-        opener: When the region starts inside a turn, that turn's opening user message
-            (before ``start``), if known; ``opener_tokens`` is its cost.
+        opener: When the region does not start with a user message, the newest user
+            message before ``start``, if known; ``opener_tokens`` is its cost.
         opener_tokens: See ``opener``.
-        openerless: The region starts inside a turn that has no opening user message at
-            all (looked for from the start of the history): nothing to look for again.
+        openerless: The region does not start with a user message and none comes before
+            it (looked for from the start of the history): nothing to look for again.
         pinned_tokens: Tokens of the pinned system messages, when the planner knew them.
     """
 
@@ -93,9 +102,10 @@ class GroupIndex:
     starts: tuple[int, ...] = ()
     tokens_at: tuple[int, ...] = ()
     tokens: int = 0
-    calls: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    calls: Mapping[str, int] = field(default_factory=dict)
     costs: ResultCosts = _NO_COSTS
-    heads: tuple[int, ...] = ()
+    users: tuple[int, ...] = ()
+    user_costs: tuple[int, ...] = ()
     cuts: tuple[int, ...] = ()
     cuts_at: tuple[int, ...] = ()
     tools_at: tuple[int, ...] = ()
@@ -124,8 +134,8 @@ class GroupIndex:
     ) -> GroupIndex:
         """The index of ``[start, base + len(records))``; ``records[0]`` is at ``base``.
 
-        ``opener`` (and its cost) is the opening user message of the turn ``start`` is
-        inside, when it is inside one; ``openerless`` that the turn has none.
+        ``opener`` (and its cost) is the newest user message before ``start`` when
+        ``start`` is not one; ``openerless`` that there is none.
         """
         empty = cls(
             start,
@@ -153,25 +163,21 @@ class GroupIndex:
         """Which group the region index ``at`` belongs to (``0`` for the first)."""
         return bisect_right(self.starts, at) - 1
 
-    def opener_of(self, group: int) -> tuple[int | None, int]:
-        """The opening user message of ``group`` (index and cost), or ``(None, 0)``."""
-        if group > 0 or self.lead_user:
-            return self.starts[group], self.heads[group]
-        return self.opener, self.opener_tokens if self.opener is not None else 0
-
     def opener_at(self, start: int) -> tuple[int | None, int]:
         """The opener (index and cost) a window starting at ``start`` would be shown with.
 
-        ``(None, 0)`` when ``start`` opens a group itself, or is outside the region.
+        The newest user message before ``start``; ``(None, 0)`` when ``start`` is a user
+        message itself, is outside the region, or no user message comes before it.
         """
         if not self.start <= start < self.end:
             return None, 0
-        if not self.starts:
-            return self.opener, self.opener_tokens if self.opener is not None else 0
-        g = self.group_of(start)
-        if g >= 0 and self.starts[g] == start:
-            return None, 0
-        return self.opener_of(max(g, 0))
+        users = self.users
+        u = bisect_right(users, start) - 1
+        if u >= 0:
+            if users[u] == start:
+                return None, 0
+            return users[u], self.user_costs[u]
+        return self.opener, self.opener_tokens if self.opener is not None else 0
 
     def update(
         self, start: int, records: Sequence[MessageRecord], *, base: int = 0
@@ -198,8 +204,8 @@ class GroupIndex:
             return None
         if start == self.end:
             opener, opener_tokens = self.opener, self.opener_tokens
-            if self.starts:
-                opener, opener_tokens = self.opener_of(len(self.starts) - 1)
+            if self.users:
+                opener, opener_tokens = self.users[-1], self.user_costs[-1]
             return GroupIndex(
                 start,
                 self.end,
@@ -220,25 +226,20 @@ class GroupIndex:
         if j == len(cuts) or cuts[j] != start:
             return None
         g = self.group_of(start)
-        starts, tokens_at, heads = self.starts, self.tokens_at, self.heads
-        if starts[g] == start:  # a group start after the first: a user message
-            lead_user, openerless = True, False
-            opener, opener_tokens = None, 0
-            starts, tokens_at, heads = starts[g:], tokens_at[g:], heads[g:]
-        else:  # a step inside group g: its opener stays in front
-            lead_user = False
-            opener, opener_tokens = self.opener_of(g)
-            openerless = self.openerless and opener is None
+        starts, tokens_at = self.starts, self.tokens_at
+        if starts[g] != start:  # a step inside group g
             starts = (start, *starts[g + 1 :])
             tokens_at = (self.cuts_at[j], *tokens_at[g + 1 :])
-            heads = (0, *heads[g + 1 :])
+        else:
+            starts, tokens_at = starts[g:], tokens_at[g:]
+        opener, opener_tokens = self.opener_at(start)
+        u = bisect_left(self.users, start)
+        users, user_costs = self.users[u:], self.user_costs[u:]
+        lead_user = bool(users) and users[0] == start
+        openerless = self.openerless and opener is None and not lead_user
         calls = self.calls
         if calls:
-            calls = {
-                call_id: opened if opened[0] >= start else _from(opened, start)
-                for call_id, opened in calls.items()
-                if opened[-1] >= start
-            }
+            calls = {call_id: at for call_id, at in calls.items() if at >= start}
         c = bisect_left(self.clear_pos, start)
         k = bisect_left(self.clip_pos, start)
         return GroupIndex(
@@ -249,7 +250,8 @@ class GroupIndex:
             self.tokens,
             calls,
             self.costs,
-            heads,
+            users,
+            user_costs,
             cuts[j:],
             self.cuts_at[j:],
             self.tools_at[j:],
@@ -267,14 +269,15 @@ class GroupIndex:
 
     def _grown(self, records: Sequence[MessageRecord], base: int) -> GroupIndex:
         costs = self.costs
-        starts, tokens_at, heads = self.starts, self.tokens_at, self.heads
+        starts, tokens_at = self.starts, self.tokens_at
         cuts, cuts_at, tools_at = self.cuts, self.cuts_at, self.tools_at
         calls = self.calls
         lead_user = self.lead_user
         # Group starts and cuts after the tuples, flushed into them before a truncation.
         g_new: list[int] = []
         g_at: list[int] = []
-        g_head: list[int] = []
+        u_new: list[int] = []
+        u_cost: list[int] = []
         c_new: list[int] = []
         c_at: list[int] = []
         c_tools: list[int] = []
@@ -284,7 +287,7 @@ class GroupIndex:
         tokens, tools, savings = self.tokens, self.tool_tokens, self.savings
         opener, opener_tokens = self.opener, self.opener_tokens
         openerless = self.openerless
-        mutable: dict[str, tuple[int, ...]] | None = None  # copy-on-write of ``calls``
+        mutable: dict[str, int] | None = None  # copy-on-write of ``calls``
         for i in range(self.end, base + len(records)):
             rec = records[i - base]
             role = rec.role
@@ -294,10 +297,12 @@ class GroupIndex:
                 lead_user = role == "user"
                 if lead_user:
                     opener, opener_tokens, openerless = None, 0, False
+            if role == "user":
+                u_new.append(i)
+                u_cost.append(cost)
             if role == "user" or first:
                 g_new.append(i)
                 g_at.append(tokens)
-                g_head.append(cost if role == "user" else 0)
             if role == "user" or role == "assistant" or first:
                 c_new.append(i)
                 c_at.append(tokens)
@@ -317,22 +322,20 @@ class GroupIndex:
                 opened = calls.get(answers)
                 if opened is not None:
                     starts, tokens_at = starts + tuple(g_new), tokens_at + tuple(g_at)
-                    heads = heads + tuple(g_head)
                     cuts, cuts_at = cuts + tuple(c_new), cuts_at + tuple(c_at)
                     tools_at = tools_at + tuple(c_tools)
-                    g_new, g_at, g_head, c_new, c_at, c_tools = [], [], [], [], [], []
-                    cut = bisect_right(starts, opened[0])
-                    starts, tokens_at, heads = starts[:cut], tokens_at[:cut], heads[:cut]
-                    cut = bisect_right(cuts, opened[0])
+                    g_new, g_at, c_new, c_at, c_tools = [], [], [], [], []
+                    cut = bisect_right(starts, opened)
+                    starts, tokens_at = starts[:cut], tokens_at[:cut]
+                    cut = bisect_right(cuts, opened)
                     cuts, cuts_at, tools_at = cuts[:cut], cuts_at[:cut], tools_at[:cut]
             if rec.opens:
                 if mutable is None:
                     calls = mutable = dict(calls)
                 for call_id in rec.opens:
-                    mutable[call_id] = (*mutable.get(call_id, ()), i)
+                    mutable[call_id] = i
         if g_new:
             starts, tokens_at = starts + tuple(g_new), tokens_at + tuple(g_at)
-            heads = heads + tuple(g_head)
         if c_new:
             cuts, cuts_at = cuts + tuple(c_new), cuts_at + tuple(c_at)
             tools_at = tools_at + tuple(c_tools)
@@ -344,7 +347,8 @@ class GroupIndex:
             tokens,
             calls,
             costs,
-            heads,
+            self.users + tuple(u_new) if u_new else self.users,
+            self.user_costs + tuple(u_cost) if u_cost else self.user_costs,
             cuts,
             cuts_at,
             tools_at,
@@ -376,7 +380,3 @@ class GroupIndex:
         """What clearing every clearable result before index ``at`` saves (same origin)."""
         p = bisect_left(self.clear_pos, at)
         return self.clear_before[p] if p < len(self.clear_pos) else self.savings
-
-
-def _from(opened: tuple[int, ...], start: int) -> tuple[int, ...]:
-    return opened[bisect_left(opened, start) :]

@@ -127,7 +127,7 @@ class _Sizes:
         if self.unit == "turns":
             return len(idx.starts) - group
         inside = self.inside(pos, group)
-        opener, opener_tokens = idx.opener_of(group) if inside else (None, 0)
+        opener, opener_tokens = idx.opener_at(pos) if inside else (None, 0)
         if self.unit == "messages":
             return self.end - pos + (opener is not None)
         shown = idx.tokens - cum
@@ -245,7 +245,7 @@ def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> C
         elif total > limit + k:
             compact = _compact(idx, unit, k)
     pos, group, _ = sizes.at(t)
-    opener = idx.opener_of(group)[0] if sizes.inside(pos, group) else None
+    opener = idx.opener_at(pos)[0] if sizes.inside(pos, group) else None
     lo = bisect_left(idx.clear_pos, pos)
     placeholders = idx.clear_pos[lo : bisect_left(idx.clear_pos, watermark, lo)]
     clips = idx.clip_pos[bisect_left(idx.clip_pos, pos) :]

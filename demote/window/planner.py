@@ -10,19 +10,24 @@ messages from ``needed_from(state)`` to the end: the tail of what was demoted, t
 window and whatever was appended since. Nothing before that is read, so the cost of a call
 follows the window, not the history.
 
-Inside that range the planner cuts turn groups and steps (:mod:`demote.window._groups`): a group
-starts at a user message, unless a tool call opened before that message is answered at or
-after it; a step starts at an assistant message under the same rule, so a call and all of
-its results (parallel calls included) are one step, and a call left unanswered at the end
-of the history by an interrupt stays with its step. A window starts at a group start, or,
-when the newest (running) group alone is over the limit, at a step start inside it: then
-the turn's opening user message, the *opener*, is shown in front of the kept steps
-(``Plan.opener``; it is before ``window_start``, so it is delivered too). Every window is
-therefore pinned system messages, the summary, maybe the opener, then whole steps: no
-result without its call, no call without its results, a user message first. A turn with
-no user message at all (a history that starts with an assistant or tool message) has no
-opener; its steps are cut the same way and the window starts with the assistant message
-of its first kept step (``Plan.opener`` is ``None``).
+Inside that range the planner cuts turn groups and steps (:mod:`demote.window._groups`): a
+result answers the latest opening of its call id before it (a reused id is a new call; a
+result whose call is not in the range, demoted before it arrived, joins nothing); a group
+starts at a user message, unless the message lies after a call's opening and at or before
+one of its answers; a step starts at an assistant message under the same rule, so a call
+and all of its results (parallel calls included) are one step, and a call left unanswered
+at the end of the history by an interrupt stays with its step. A window starts at a group
+start, or, when the newest (running) group alone is over the limit, at a step start inside
+it: then the newest user message before it, the *opener* (the turn's opening message, or
+an interjection the user made while a call ran), is shown in front of the kept steps
+(``Plan.opener``; it is before ``window_start``, so it is delivered too). It depends on the
+records before the window start alone, not on what was demoted when, so a cached index
+and a fresh plan name the same one. Every window is therefore pinned system messages, the
+summary, maybe the opener, then whole steps: no result without its call, no call without
+its results, a user message first. A turn with no user message before it at all (a history
+that starts with an assistant or tool message) has no opener; its steps are cut the same
+way and the window starts with the assistant message of its first kept step
+(``Plan.opener`` is ``None``).
 
 Each message counts what the model is sent (:class:`~demote.window.clearing.ResultCosts`): a
 tool result over ``max_result_tokens`` (default: half a token limit) counts as its head
@@ -89,7 +94,7 @@ from demote.window._groups import GroupIndex
 from demote.window._steps import cut, result_costs
 from demote.window.policy import SlidingWindow
 
-__all__ = ["Plan", "needed_from", "plan", "turn_groups"]
+__all__ = ["Plan", "answer_reach", "needed_from", "plan", "turn_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +115,7 @@ class Plan:
             of the same, grown history so that only the appended records are read.
             ``None`` when rewritten. Not compared: it describes how, not what.
         opener: When the window starts inside a turn (at a step boundary), the absolute
-            index of that turn's opening user message, which stays in front of the kept
+            index of the newest user message before it, which stays in front of the kept
             steps (it is before ``window_start``, so it is also delivered); else ``None``.
         cleared: The clearing watermark to commit (``ConversationState.cleared``; never
             below the state's): tool results in ``[window_start, cleared)`` whose tool
@@ -166,25 +171,38 @@ def needed_from(state: ConversationState) -> int:
 def turn_groups(records: Sequence[MessageRecord], lo: int = 0) -> list[int]:
     """Start offsets of the turn groups in ``records[lo:]`` (the first is always ``lo``).
 
-    A user message starts a group unless a tool call opened earlier in the range is
-    answered at or after it.
+    A result answers the latest opening of its call id before it in the range; a user
+    message starts a group unless it lies after a call's opening and at or before one of
+    its answers.
     """
-    answered_at: dict[str, int] = {}
-    for i in range(lo, len(records)):
-        answers = records[i].answers
-        if answers is not None:
-            answered_at[answers] = i
+    reach_of = answer_reach(records, lo)
     starts = [lo]
     reach = -1  # furthest answer of any call opened so far
     for i in range(lo, len(records)):
-        rec = records[i]
-        if rec.role == "user" and i > lo and reach < i:
+        if records[i].role == "user" and i > lo and reach < i:
             starts.append(i)
-        for call_id in rec.opens:
-            at = answered_at.get(call_id, -1)
-            if at > reach:
-                reach = at
+        reach = max(reach, reach_of.get(i, -1))
     return starts
+
+
+def answer_reach(records: Sequence[MessageRecord], lo: int = 0) -> dict[int, int]:
+    """Index of an opening in ``records[lo:]`` -> the furthest answer bound to it.
+
+    A result answers the latest opening of its call id before it (providers require unique
+    ids, so a reused id is a new call); a result whose call is not opened in the range
+    answers nothing there.
+    """
+    latest: dict[str, int] = {}
+    reach: dict[int, int] = {}
+    for i in range(lo, len(records)):
+        rec = records[i]
+        if rec.answers is not None:
+            opened = latest.get(rec.answers)
+            if opened is not None:
+                reach[opened] = i
+        for call_id in rec.opens:
+            latest[call_id] = i
+    return reach
 
 
 def plan(
@@ -265,7 +283,7 @@ def plan(
             elif base > 0:
                 needs = 0
             else:
-                openerless = True  # the history has no user message to open this turn
+                openerless = True  # the history has no user message before it
         groups = GroupIndex.build(
             records,
             start,
@@ -334,9 +352,8 @@ def _lacks_opener(groups: GroupIndex) -> bool:
 
 
 def _opener(records: Sequence[MessageRecord], base: int, start: int) -> int | None:
-    """The opening user message of the turn ``start`` is inside, if ``records`` reach it."""
-    if start <= base:
-        return None
-    starts = turn_groups(records[: start - base])
-    first = starts[-1]
-    return base + first if records[first].role == "user" else None
+    """The newest user message before ``start``, if ``records`` reach one."""
+    for i in range(start - 1 - base, -1, -1):
+        if records[i].role == "user":
+            return base + i
+    return None

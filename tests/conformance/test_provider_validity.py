@@ -46,14 +46,15 @@ from langchain_demote.provider_rules import (
     violations,
 )
 from tests.agent_strategies import AgentScript, agent_policies, agent_scripts, events
+from tests.strategies import examples
 
 HISTORY = settings(
-    max_examples=60,
+    max_examples=examples(60, cost=20),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 AGENT = settings(
-    max_examples=20,
+    max_examples=examples(20, cost=50),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

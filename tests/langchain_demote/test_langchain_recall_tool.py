@@ -129,7 +129,9 @@ class ScriptedModel(ScriptedToolModel):
         if done < len(self.plan):
             step = self.plan[done]
             args = step(messages) if callable(step) else step
-            call = {"name": "recall", "args": args, "id": f"recall-{done}", "type": "tool_call"}
+            # An id of its own for every call (providers require it), whatever the turn.
+            cid = f"recall-{len(self.calls)}-{done}"
+            call = {"name": "recall", "args": args, "id": cid, "type": "tool_call"}
             reply = AIMessage("", tool_calls=[call])
         else:
             reply = AIMessage("answer: " + messages[-1].text[:200])

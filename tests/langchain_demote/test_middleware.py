@@ -57,7 +57,10 @@ class ScriptedModel(ScriptedToolModel):
     """Per turn: two parallel tool calls, then one more call, then the answer.
 
     Every fifth turn (its text says "quick") is answered at once. Tool-call ids derive
-    from the turn's text, so the same conversation always produces the same transcript.
+    from the turn's text, so the same conversation always produces the same transcript;
+    every call has an id of its own, as providers require. It answers once it sees the
+    follow-up call's result (the newest step, which every window keeps), not by counting
+    the steps it is sent: a window cut inside the turn shows only the newest ones.
     Every list of messages it receives is recorded in ``calls``.
     """
 
@@ -65,7 +68,11 @@ class ScriptedModel(ScriptedToolModel):
         human = messages[last].text
         steps = sum(isinstance(m, AIMessage) for m in messages[last + 1 :])
         tag = hashlib.blake2b(human.encode(), digest_size=4).hexdigest()
-        if "quick" in human or steps >= 2:
+        followed_up = any(
+            isinstance(m, ToolMessage) and m.tool_call_id == f"{tag}-c"
+            for m in messages[last + 1 :]
+        )
+        if "quick" in human or followed_up:
             reply = AIMessage(f"answer to {human}")
         elif steps == 0:
             reply = AIMessage(

@@ -74,7 +74,9 @@ class ToolLoopModel(ScriptedToolModel):
         if step >= self.steps:
             reply = AIMessage(f"read {self.steps} pages")
         else:
-            call = {"name": "fetch", "args": {"n": step}, "id": f"call-{step}", "type": "tool_call"}
+            # An id of its own for every call (providers require it), whatever the turn.
+            cid = f"call-{len(self.calls)}-{step}"
+            call = {"name": "fetch", "args": {"n": step}, "id": cid, "type": "tool_call"}
             reply = AIMessage("", tool_calls=[call])
         return reply
 

@@ -30,6 +30,7 @@ from demote.records import make_key
 from demote.state import SQLiteStateStore
 from demote.summarize import TemplateSummarizer, truncate_to_tokens
 from demote.window.tokens import approximate_tokens
+from tests.strategies import examples
 
 Msg = tuple[str, str]
 
@@ -385,7 +386,7 @@ class CompactionMachine(RuleBasedStateMachine):
 
 TestCompactionMachine = CompactionMachine.TestCase
 TestCompactionMachine.settings = settings(
-    max_examples=30,
+    max_examples=examples(30, cost=20),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from demote import Backoff, Demoter, Demotion, SlidingWindow, SQLiteStateStore
 from demote.records import TRAIL_DIGITS, TRAIL_KEPT, MessageRecord, fingerprint, make_key
-from tests.strategies import Msg, describer, policies, turn, unique, within_bound
+from tests.strategies import Msg, describer, examples, policies, turn, unique, within_bound
 
 # Random policies include Compact without a summarizer, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore::demote.errors.DemoteWarning")
@@ -356,5 +356,30 @@ class EngineMachine(RuleBasedStateMachine):
             assert cid in CIDS and index >= 0 and len(key) == 32
 
 
-EngineMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+EngineMachine.TestCase.settings = settings(
+    max_examples=examples(40, cost=10), stateful_step_count=30, deadline=None
+)
 TestEngineMachine = EngineMachine.TestCase
+
+
+def test_a_stale_copy_whose_window_starts_inside_a_turn_keeps_its_opener() -> None:
+    """``make fuzz`` found it: a stale copy's plan read from just before the window, where
+    the turn's opener is not, and its window started at an assistant message (the plan
+    said it ``needs`` more records; the stale path did not read them)."""
+    hook = SwitchableHook()
+    d = Demoter(SlidingWindow.last_messages(1), hook, hook_wait=None, cached_conversations=1)
+    msgs = unique(
+        [
+            Msg("user", "hello"),
+            Msg("user", "do two things"),
+            Msg("assistant", "", opens=("c0",)),
+            Msg("tool", "one", answers="c0"),
+            Msg("assistant", "", opens=("c1",)),
+            Msg("tool", "two", answers="c1"),
+        ]
+    )
+    d.load("c", msgs[:1], describer(d))
+    w = d.load("c", msgs, describer(d))
+    assert (w.start, w.opener) == (4, msgs[1])
+    stale = d.load("c", msgs[:5], describer(d))  # read before the last result was added
+    assert stale.start == 4 and stale.opener is msgs[1]

@@ -30,13 +30,16 @@ from tests.strategies import (
     check_valid,
     conversations,
     cut_points,
+    examples,
     policies,
     record_of,
     reference_plan,
     slack,
 )
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @dataclass
@@ -233,7 +236,7 @@ def test_compact_pending_range_covers_whole_groups_or_steps(r: Replay) -> None:
                 assert lo == p.window_start
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(conversations(interject=True, system=False), st.data())
 def test_turn_groups_keep_calls_with_results(msgs: list[Msg], data: st.DataObject) -> None:
     """Parallel calls, results in any order, a user interjecting: groups stay whole."""
