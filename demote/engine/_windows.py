@@ -27,7 +27,7 @@ from demote.engine._views import (
     trail_at,
 )
 from demote.engine._work import FRESH, Tally, Work
-from demote.engine.result import Window, render_summary
+from demote.engine.result import Window, render_progress, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
 from demote.window._steps import digest_tokens, result_costs
@@ -306,8 +306,20 @@ class Windows:
         """
         if state.summary is None or self.policy.unit != "tokens":
             return reserved
-        text = render_summary(state.summary)
-        return reserved + self.tokens.count(fingerprint("system", text), text, role="system")
+        return reserved + self._summary_tokens(state.summary)
+
+    def _summary_tokens(self, summary: str) -> int:
+        """What ``summary`` costs as sent, whichever form is larger.
+
+        A system message, or the progress note after an opener (a user message with its
+        own lead): the plan decides which after the summary is counted.
+        """
+        tokens = self.tokens
+        text = render_summary(summary)
+        as_system = tokens.count(fingerprint("system", text), text, role="system")
+        note = render_progress(summary)
+        as_note = tokens.count(fingerprint("user", note), note, role="user")
+        return max(as_system, as_note)
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.
@@ -338,7 +350,11 @@ class Windows:
             # A LowWater cut: what it drops leaves its identifiers behind, committed with
             # the window's start, so the prompt stays the same until the next cut.
             dropped = view.records[lo - view.base : start - view.base]
-            summary = make_digest(summary, dropped, self._digest, self._count_text)
+            # Within the digest's share, and within what the limit leaves once the plan's
+            # window (which counted the old digest) is sent: never over the limit for it.
+            had = self._summary_tokens(summary) if summary is not None else 0
+            budget = min(self._digest, self.policy.limit - p.size + had)
+            summary = make_digest(summary, dropped, budget, self._count_text)
             summarized = start if summary is not None else summarized
         # dataclasses.replace, without its introspection (this runs on most turns)
         return ConversationState(
