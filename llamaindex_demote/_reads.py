@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from llama_index.core.base.llms.types import ChatMessage
 
@@ -38,9 +38,36 @@ from demote.engine import Demoter, Window
 from demote.records import MessageRecord
 
 if TYPE_CHECKING:
-    from llamaindex_demote.memory import DemotingMemory
+    from llamaindex_demote._prompt import Parts
 
-__all__ = ["KEPT", "Read", "Run", "find", "note", "note_run", "run_history", "stored_part"]
+
+class ReadingMemory(Protocol):
+    """What a read needs of the memory it came from (``DemotingMemory`` is one).
+
+    A protocol, so this module does not import the memory that imports it.
+    """
+
+    chat_store_key: str
+
+    @property
+    def _p(self) -> Parts: ...
+
+    def get_all(self) -> list[ChatMessage]: ...
+
+    async def aget_all(self) -> list[ChatMessage]: ...
+
+
+__all__ = [
+    "KEPT",
+    "Read",
+    "ReadingMemory",
+    "Run",
+    "find",
+    "note",
+    "note_run",
+    "run_history",
+    "stored_part",
+]
 
 #: How many reads the registry keeps (the newest; a run needs only its memory's last).
 KEPT = 256
@@ -50,7 +77,7 @@ KEPT = 256
 class Read:
     """One memory read: the memory, what it returned, and the caller's ``input``."""
 
-    memory: DemotingMemory
+    memory: ReadingMemory
     messages: tuple[ChatMessage, ...]
     input: str | None
 
@@ -60,7 +87,7 @@ _reads: OrderedDict[int, Read] = OrderedDict()  # id(read) -> read, oldest first
 _by_message: dict[int, Read] = {}  # id(message) -> the newest read that returned it
 
 
-def note(memory: DemotingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
+def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
     """Record that ``memory`` returned ``messages`` (the newest read of each object wins)."""
     read = Read(memory, tuple(messages), input)
     with _lock:

@@ -125,10 +125,13 @@ class LowWater(_Model):
     changes, so every call reads the window from the cache and writes only what was
     appended; a cut rewrites what it keeps, so it keeps little, and cuts are rare.
 
-    The cut goes back to ``keep`` of what the limit leaves after the fixed part (pinned
-    system messages, tools, the opener), or to ``keep_steps`` of it when the cut falls
-    inside the running turn (an agent's steps: their identifiers stay in the digest, and
-    the archive keeps them whole).
+    The cut goes back to what cannot be cut (pinned system messages, tools, the opener,
+    the newest step) plus ``keep`` of the room the limit leaves above it, or plus
+    ``keep_steps`` of it when the cut falls inside the running turn (an agent's steps:
+    their identifiers stay in the digest, and the archive keeps them whole). The new
+    digest is taken out of that share: with the defaults, a cut inside an agent's turn
+    keeps the opener, the digest and the newest step, and the window then fills up again
+    from there, appending only.
 
     In a token window, the steps a cut drops leave a *digest* behind: the identifiers
     their tool results held (paths, ids, numbers: what an agent copies into its next
@@ -137,14 +140,15 @@ class LowWater(_Model):
     and changes only at the next cut. ``digest=0`` turns it off.
 
     Attributes:
-        keep: Share of the limit (after the fixed part) kept when whole turns are cut.
-        keep_steps: Share kept when the cut falls inside the running turn.
+        keep: Share of the room above what cannot be cut kept when whole turns are cut
+            (the digest included).
+        keep_steps: The same when the cut falls inside the running turn.
         digest: Share of a token limit the digest of dropped steps may take (``0``: none).
     """
 
     kind: Literal["low_water"] = "low_water"
     keep: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
-    keep_steps: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.2
+    keep_steps: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     digest: Annotated[float, Field(ge=0.0, le=0.5)] = 0.1
 
     @model_validator(mode="after")
