@@ -8,7 +8,8 @@ test, a share of it for the costlier ones: see :func:`tests.strategies.examples`
 per seed. It prints each failure with its minimal example and how to replay it, or "no
 failures", and exits non-zero on a find.
 
-Usage: ``python -m tests.fuzz [--examples 500] [--seeds 1 2 3 4] [pytest paths...]``.
+Usage: ``python -m tests.fuzz [pytest paths...] [--examples 500] [--seeds 1 2 3 4]`` (the
+paths first: ``--seeds`` takes every number after it).
 """
 
 from __future__ import annotations
