@@ -41,6 +41,7 @@ __all__ = ["Windows"]
 logger = logging.getLogger("demote")
 
 _TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
+_SUMMARIES_KEPT = 1024  # summaries whose count is kept (a few per conversation at most)
 
 T = TypeVar("T")
 
@@ -65,6 +66,8 @@ class Windows:
         self._noop = noop  # the hook keeps nothing: it accepts everything at once
         self._summarizer = summarizer
         self._digest = digest_tokens(policy)
+        # A summary's count by its text: a load would otherwise render and hash it twice.
+        self._summaries: dict[str, int] = {}
         text_counter = policy.resolved_counter()
         # The digest's pieces are counted one by one, at a cut: a counter of whole
         # framework messages would cost a model call each, so those are approximated.
@@ -314,12 +317,18 @@ class Windows:
         A system message, or the progress note after an opener (a user message with its
         own lead): the plan decides which after the summary is counted.
         """
+        known = self._summaries.get(summary)
+        if known is not None:  # every load of an agent's window between cuts
+            return known
         tokens = self.tokens
         text = render_summary(summary)
         as_system = tokens.count(fingerprint("system", text), text, role="system")
         note = render_progress(summary)
         as_note = tokens.count(fingerprint("user", note), note, role="user")
-        return max(as_system, as_note)
+        if len(self._summaries) >= _SUMMARIES_KEPT:
+            self._summaries.clear()
+        self._summaries[summary] = counted = max(as_system, as_note)
+        return counted
 
     def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.

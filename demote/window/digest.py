@@ -83,6 +83,7 @@ def make_digest(
         return previous
     seen: set[str] = set()
     kept: list[str] = []
+    least = count("a" * MIN_CHARS) + 1  # the cheapest identifier
 
     def newest_first() -> Iterator[str]:
         for rec in reversed(dropped):
@@ -96,7 +97,7 @@ def make_digest(
         seen.add(piece)
         cost = count(piece) + 1
         if cost > room:
-            if room < count("abcdef") + 1:
+            if room < least:
                 break
             continue
         kept.append(piece)
