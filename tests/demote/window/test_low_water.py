@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from demote import ConfigError, Demoter, LowWater, PerItem, SlidingWindow
 from demote.records import MessageRecord, fingerprint
+from demote.state.sqlite import SQLiteStateStore
 from demote.window.digest import DIGEST_LEAD, identifiers, make_digest
 from demote.window.tokens import approximate_tokens
 from tests.strategies import Msg, agent_histories, record_of
@@ -198,5 +200,62 @@ def test_a_cut_drops_steps_leaves_their_identifiers_and_goes_well_below_the_limi
         assert dropped and f"/src/pkg/mod_{dropped[-1]:03d}.py" in window.summary
         moves = sum(1 for a, b in pairwise(starts) if b != a)
         assert 0 < moves <= len(starts) // 4, (moves, len(starts))  # cuts are rare
+    finally:
+        demoter.close()
+
+
+def _agent_run(steps: int) -> list[MessageRecord]:
+    msgs: list[Msg] = [Msg("user", "fix the bug in the parser " * 5)]
+    for i in range(steps):
+        cid = f"call_{i}"
+        msgs.append(Msg("assistant", f"looking {i}", opens=(cid,)))
+        msgs.append(Msg("tool", f"found /src/pkg/mod_{i:03d}.py line {i} " * 6, answers=cid))
+    return _records(msgs)
+
+
+def test_a_restarted_process_sends_the_same_window_and_digest(tmp_path: Path) -> None:
+    """The digest is committed with the window start: a new process (a new Demoter on the
+    same durable store) sends byte for byte what the old one sent, so the cache holds."""
+    records = _agent_run(40)
+    policy = SlidingWindow.last_tokens(600)
+    first = Demoter(policy, state=SQLiteStateStore(tmp_path / "state.db"))
+    try:
+        for end in range(2, len(records)):
+            before = first.load("c", records[:end], lambda r: r)
+    finally:
+        first.close()
+    assert before.summary is not None and before.summary.startswith(DIGEST_LEAD)
+    again = Demoter(policy, state=SQLiteStateStore(tmp_path / "state.db"))
+    try:
+        after = again.load("c", records[: len(records) - 1], lambda r: r)
+    finally:
+        again.close()
+    assert _shown(after) == _shown(before)
+
+
+def test_a_hostile_tool_result_leaves_a_digest_within_its_budget() -> None:
+    """NULs, huge blobs, unpaired surrogates' stand-ins, long unicode runs: the digest is
+    still text within its budget, and the window stays within the limit."""
+    blob = "x1" * 50_000
+    hostile = (
+        "\x00id_\x00000001 "
+        + blob
+        + " /päth/ünï/cödé_1.py \u202e/rtl/override_2 "
+        + "💥/emoji/path_3.txt " * 200
+    )
+    msgs: list[Msg] = [Msg("user", "go")]
+    for i in range(30):
+        msgs.append(Msg("assistant", f"step {i}", opens=(f"c{i}",)))
+        msgs.append(Msg("tool", hostile if i % 3 == 0 else f"ok run_{i:04d}", answers=f"c{i}"))
+    records = _records(msgs)
+    limit = 800
+    demoter = Demoter(SlidingWindow.last_tokens(limit))
+    try:
+        for end in range(2, len(records) + 1):
+            window = demoter.load("c", records[:end], lambda r: r)
+            if window.summary is not None:
+                assert approximate_tokens(window.summary) <= int(limit * 0.1)
+                assert blob not in window.summary
+        assert window.summary is not None and "/päth/ünï/cödé_1.py" in window.summary
     finally:
         demoter.close()
