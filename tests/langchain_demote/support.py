@@ -193,10 +193,14 @@ class ScriptedToolModel(BaseChatModel):
     ) -> ChatResult:
         with self.lock:
             self.calls.append(list(messages))
-        last = max(
-            i
-            for i, m in enumerate(messages)
-            if isinstance(m, HumanMessage) and not message_text(m).startswith(PROGRESS_PREFIX)
+        last = (
+            max(
+                i
+                for i, m in enumerate(messages)
+                if isinstance(m, HumanMessage) and not message_text(m).startswith(PROGRESS_PREFIX)
+            )
+            if any(isinstance(m, HumanMessage) for m in messages)
+            else -1
         )
         return ChatResult(generations=[ChatGeneration(message=self.reply(messages, last))])
 

@@ -19,9 +19,7 @@ from typing import Any, Literal
 from hypothesis import HealthCheck, event, example, given, settings
 from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
@@ -40,6 +38,7 @@ from tests.agent_strategies import (
     pruning_policies,
     thread_actions,
 )
+from tests.langchain_demote.support import ScriptedToolModel
 
 SYSTEM = "You are a test agent."
 THREAD = {"configurable": {"thread_id": "t1"}, "recursion_limit": 100}
@@ -61,7 +60,7 @@ def risky(q: str, size: int) -> str:
     return _result(q, size)
 
 
-class PlannedModel(BaseChatModel):
+class PlannedModel(ScriptedToolModel):
     """Replies from a plan, not from what it is sent (so both runs are asked the same).
 
     ``plan`` holds the steps of the running turn, then its answer; every tool call gets a
@@ -69,29 +68,11 @@ class PlannedModel(BaseChatModel):
     one. Every request it receives is recorded in ``calls``; ``bind_tools`` returns it.
     """
 
-    calls: list[list[BaseMessage]] = Field(default_factory=list)
     plan: list[Any] = Field(default_factory=list)
     serial: int = 0
     decisions: dict[str, str] = Field(default_factory=dict)
 
-    @property
-    def _llm_type(self) -> str:
-        return "planned-test"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> PlannedModel:
-        return self
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        self.calls.append(list(messages))
-        return ChatResult(generations=[ChatGeneration(message=self.reply())])
-
-    def reply(self) -> AIMessage:
+    def reply(self, messages: list[BaseMessage], last_human: int) -> AIMessage:
         if not self.plan:
             return AIMessage("nothing left to do")
         item = self.plan.pop(0)
