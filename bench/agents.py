@@ -117,24 +117,32 @@ def _context_editing(limit: int) -> tuple[list[Any], None, list[SummaryModel]]:
     return [ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=limit, keep=3)])], None, []
 
 
+def trim_middleware(limit: int, start_on: str | None = None) -> Any:
+    """A ``wrap_model_call`` middleware sending ``trim_messages(..., max_tokens=limit)``.
+
+    Also section 7's (:mod:`bench.agents_real`) ``trim_messages`` setup.
+    """
+    from langchain.agents.middleware import wrap_model_call
+
+    options: dict[str, Any] = {} if start_on is None else {"start_on": start_on}
+
+    @wrap_model_call  # type: ignore[arg-type]
+    def trimmed(request: Any, handler: Any) -> Any:
+        kept = trim_messages(
+            request.messages,
+            strategy="last",
+            token_counter=count_tokens_approximately,
+            max_tokens=limit,
+            **options,
+        )
+        return handler(request.override(messages=kept))
+
+    return trimmed
+
+
 def _trim(start_on: str | None) -> Setup:
     def make(limit: int) -> tuple[list[Any], None, list[SummaryModel]]:
-        from langchain.agents.middleware import wrap_model_call
-
-        options: dict[str, Any] = {} if start_on is None else {"start_on": start_on}
-
-        @wrap_model_call  # type: ignore[arg-type]
-        def trimmed(request: Any, handler: Any) -> Any:
-            kept = trim_messages(
-                request.messages,
-                strategy="last",
-                token_counter=count_tokens_approximately,
-                max_tokens=limit,
-                **options,
-            )
-            return handler(request.override(messages=kept))
-
-        return [trimmed], None, []
+        return [trim_middleware(limit, start_on)], None, []
 
     return make
 

@@ -128,20 +128,9 @@ def _context_editing(limit: int, tmp: Path) -> Prepared:
 
 
 def _trim(limit: int, tmp: Path) -> Prepared:
-    from langchain.agents.middleware import wrap_model_call
-    from langchain_core.messages.utils import count_tokens_approximately, trim_messages
+    from bench.agents import trim_middleware
 
-    @wrap_model_call  # type: ignore[arg-type]
-    def trimmed(request: Any, handler: Any) -> Any:
-        kept = trim_messages(
-            request.messages,
-            strategy="last",
-            token_counter=count_tokens_approximately,
-            max_tokens=limit,
-        )
-        return handler(request.override(messages=kept))
-
-    return Prepared([trimmed])
+    return Prepared([trim_middleware(limit)])
 
 
 def _none(limit: int, tmp: Path) -> Prepared:
