@@ -11,8 +11,9 @@ calls, and a run with single results of 21,000 tokens. Each is run through LangC
 replies and records every request, so each setup's middleware runs its own code on the
 agent's real requests:
 
-- demote (``DemotingMiddleware``): ``PerItem``, ``Bulk`` (+25 %), ``Compact`` (25 %, with
-  ``ChatModelSummarizer`` over a scripted model; its calls are priced too) and clearing
+- demote (``DemotingMiddleware``): the default (``LowWater``), ``PerItem``, ``Bulk``
+  (+25 %), ``Compact`` (25 %, with ``ChatModelSummarizer`` over a scripted model; its
+  calls are priced too) and clearing
   (``ClearToolResults(trigger=limit/2, keep=3, clear_at_least=limit/4)``), all
   ``SlidingWindow.last_tokens(limit)``;
 - LangChain ``SummarizationMiddleware(model, trigger=("tokens", limit), keep=("messages",
@@ -51,7 +52,7 @@ from langchain_core.messages.utils import count_tokens_approximately, trim_messa
 from bench.agent_run import AgentRun, ScriptedModel, SummaryModel, run_agent
 from bench.agent_traces import AgentTrace, benchmark_traces, summary, text_of
 from bench.common import RESULTS, environment, progress, table, write_json
-from demote import Bulk, Compact, Demoter, SlidingWindow
+from demote import Bulk, Compact, Demoter, PerItem, SlidingWindow
 from demote.cli.cachecost import ANTHROPIC, CacheMeter
 from demote.window.policy import ClearToolResults
 from langchain_demote.provider_rules import violations
@@ -156,7 +157,8 @@ def setups() -> dict[str, Setup]:
         return SlidingWindow.last_tokens(limit)
 
     return {
-        "demote PerItem": _demote(tokens),
+        "demote (default)": _demote(tokens),
+        "demote PerItem": _demote(lambda n: SlidingWindow.last_tokens(n, eviction=PerItem())),
         "demote Bulk +25%": _demote(
             lambda n: SlidingWindow.last_tokens(n, eviction=Bulk(overflow=n // 4))
         ),
