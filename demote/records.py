@@ -100,9 +100,7 @@ def fingerprint(
     Returns:
         A 32-character hex digest.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(role.encode())
-    h.update(b"\x00")
+    h = hashlib.blake2b(role.encode() + b"\x00", digest_size=16)
     h.update(text.encode("utf-8", "surrogatepass"))
     for call_id in opens:
         h.update(b"\x01")

@@ -53,11 +53,11 @@ def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
             out.append(HumanMessage(render_progress(summary)))
     if not (window.placeholders or window.clipped):
         out.extend(window.messages)
-        return answer_dangling(out)
-    out.extend(
-        replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
-    )
-    return answer_dangling(out)
+    else:
+        out.extend(
+            replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
+        )
+    return answer_dangling(out) if window.calls else out
 
 
 def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:

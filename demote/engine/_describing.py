@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from demote._built import unchecked
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import ROLES, MessageRecord, fingerprint, parts_digest
 from demote.window.clearing import KEY_STAND_IN, LONG_ARG_CHARS, call_marker, clip_calls
 from demote.window.tokens import MessageCounter, TokenCache
 
 __all__ = ["describe_message"]
+
+# Every new message makes one; its role is checked below and its count by the counter.
+_new_record = unchecked(MessageRecord)
 
 
 def _call_ids(opens: object) -> tuple[str, ...]:
@@ -81,7 +85,7 @@ def describe_message(
     if role == "assistant" and calls and counted > LONG_ARG_CHARS // 4:
         clipped = _clipped_tokens(tokens, fp, text, calls, blocks, counted)
     # The role was checked against ROLES above (typing.cast would cost a call per message).
-    return MessageRecord(role, text, fp, counted, opens, answers, tool, to_data, clipped)  # type: ignore[arg-type]
+    return _new_record(role, text, fp, counted, opens, answers, tool, to_data, clipped)
 
 
 def _clipped_tokens(

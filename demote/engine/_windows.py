@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from demote._built import unchecked
 from demote.engine._views import (
     View,
     ViewCache,
@@ -42,6 +43,7 @@ logger = logging.getLogger("demote")
 
 _TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
 _SUMMARIES_KEPT = 1024  # summaries whose count is kept (a few per conversation at most)
+_new_window = unchecked(Window)  # every load makes one, of values checked here
 
 T = TypeVar("T")
 
@@ -408,15 +410,29 @@ class Windows:
             head, kept = messages[: p.pinned], messages[start:]
         else:
             head, kept = list(messages[: p.pinned]), list(messages[start:])
+        # Does a kept message open a call? (``calls``: each id's latest opening in the region)
+        calls = p.index is None or any(map(start.__le__, p.index.calls.values()))
         if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
             summary, delivered = s.summary, s.delivered
-            return Window(cid, head, summary, kept, start, n, demoted, pending, delivered, events)
+            return _new_window(
+                cid,
+                head,
+                summary,
+                kept,
+                start,
+                n,
+                demoted,
+                pending,
+                delivered,
+                events,
+                calls=calls,
+            )
         if p.overhang:
             events = (*events, self._overhang_event(cid, work))
         placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
         at = p.opener if p.opener is not None and p.opener < n else None
         opener = None if at is None else messages[at]
-        return Window(
+        return _new_window(
             cid,
             head,
             s.summary,
@@ -432,4 +448,5 @@ class Windows:
             clipped,
             p.overhang,
             at,
+            calls=calls,
         )

@@ -76,6 +76,10 @@ class Window(Generic[T]):
         overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
             messages, the opener, the newest step after clipping) alone exceeds the
             limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
+        calls: ``False`` when no kept message opens a tool call, so there is nothing
+            to pair with results: adapters skip looking for calls left unanswered
+            (:func:`demote.window.pairing.unanswered`). ``True`` when one does, or may
+            (a window not planned by the engine).
 
     How adapters render it for the model: ``pinned``, then the summary (one system
     message, :func:`render_summary`) unless there is an ``opener``, then the opener as it
@@ -102,6 +106,7 @@ class Window(Generic[T]):
     overhang: int = 0
     opener_index: int | None = None
     degraded: bool = False
+    calls: bool = True
 
     def __len__(self) -> int:
         return len(self.pinned) + (self.opener is not None) + len(self.messages)

@@ -36,8 +36,25 @@ from demote.window.policy import (
 __all__ = ["Cut", "cut", "digest_tokens", "result_costs"]
 
 
+# Policy id -> (the policy, its costs): every plan asks, and a policy never changes (it is
+# frozen). The policy is held, so its id is not reused while it is here.
+_COSTS: dict[int, tuple[SlidingWindow, ResultCosts]] = {}
+_COSTS_KEPT = 256
+
+
 def result_costs(policy: SlidingWindow) -> ResultCosts:
     """How ``policy`` counts each message: clipping (and whether clearing may apply)."""
+    hit = _COSTS.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    costs = _result_costs(policy)
+    if len(_COSTS) >= _COSTS_KEPT:
+        _COSTS.clear()
+    _COSTS[id(policy)] = (policy, costs)
+    return costs
+
+
+def _result_costs(policy: SlidingWindow) -> ResultCosts:
     clearing = policy.clearing
     if clearing is None:
         clip = policy.limit // 2 if policy.unit == "tokens" else None

@@ -88,6 +88,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from demote._built import unchecked
 from demote._validate import count
 from demote.records import ConversationState, MessageRecord
 from demote.window._groups import GroupIndex
@@ -205,6 +206,9 @@ def answer_reach(records: Sequence[MessageRecord], lo: int = 0) -> dict[int, int
     return reach
 
 
+_new_plan = unchecked(Plan)  # every load makes one, of values checked here
+
+
 def plan(
     policy: SlidingWindow,
     state: ConversationState,
@@ -263,7 +267,11 @@ def plan(
     # 3. Groups and steps of the window region (only what was appended, given an index).
     costs = result_costs(policy)
     groups = None
-    if index is not None and index.costs == costs and base <= index.end <= end:
+    if (
+        index is not None
+        and (index.costs is costs or index.costs == costs)
+        and base <= index.end <= end
+    ):
         groups = index.update(start, records, base=base)
         if groups is not None and index.start < pinned:
             # Built before these pinned messages were counted: its pinned tokens are not theirs.
@@ -323,7 +331,7 @@ def plan(
     # had results in the window delivered ahead of it.
     ahead = state.delivered > state.window_start
     deliver_from = pinned if fresh and not ahead else max(state.delivered, pinned)
-    return Plan(
+    return _new_plan(
         pinned,
         c.window_start,
         end,

@@ -266,16 +266,16 @@ def billed_tokens(
 class TokenCache:
     """Counts messages with a counter, caching by message fingerprint.
 
-    Thread-safe and bounded (least recently used entries go first). A counter that
-    returns a negative number or a non-int raises :class:`ConfigError`.
+    Thread-safe without a lock (each step is one atomic dict operation) and bounded
+    (least recently used entries go first). A counter that returns a negative number or
+    a non-int raises :class:`ConfigError`.
     """
 
-    __slots__ = ("_counter", "_entries", "_lock", "_max")
+    __slots__ = ("_counter", "_entries", "_max")
 
     def __init__(self, counter: str | Counter = "approx", *, max_entries: int = 200_000) -> None:
         self._counter = resolve_counter(counter)
         self._entries: OrderedDict[str, int] = OrderedDict()
-        self._lock = threading.Lock()
         self._max = max_entries
 
     @property
@@ -302,11 +302,14 @@ class TokenCache:
         ``blocks``, ``answers``, ``role`` and ``name`` (a :class:`MessageCounter` without a
         message counts the text as one message).
         """
-        with self._lock:
-            hit = self._entries.get(fingerprint)
-            if hit is not None:
-                self._entries.move_to_end(fingerprint)
-                return hit
+        entries = self._entries
+        hit = entries.get(fingerprint)
+        if hit is not None:
+            try:  # noqa: SIM105 (a suppress() costs a context manager per message)
+                entries.move_to_end(fingerprint)
+            except KeyError:  # another thread evicted it just now: the count stands
+                pass
+            return hit
         counter = self._counter
         if isinstance(counter, MessageCounter):
             whole = message if message is not None else counter.text_message(text)
@@ -315,10 +318,12 @@ class TokenCache:
             tokens = billed_tokens(
                 text, counter, calls=calls, blocks=blocks, answers=answers, role=role, name=name
             )
-        with self._lock:
-            self._entries[fingerprint] = tokens
-            if len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+        entries[fingerprint] = tokens
+        if len(entries) > self._max:
+            try:  # noqa: SIM105 (as above)
+                entries.popitem(last=False)
+            except KeyError:  # another thread emptied it
+                pass
         return tokens
 
     def __len__(self) -> int:

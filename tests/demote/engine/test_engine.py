@@ -734,3 +734,29 @@ def test_a_stale_copy_past_the_window_start_commits_nothing_so_a_late_result_kee
     assert shown[0] is msgs[1] and w.demoted == 0
     assert d.state_of("c") == before
     assert load(d, "c", msgs).start == 0, "the result lost its call"
+
+
+def test_window_calls_says_whether_a_kept_message_may_open_a_tool_call() -> None:
+    """``Window.calls`` is False exactly when nothing in the planned region opens a call.
+
+    Adapters skip pairing calls with their results on ``False``: it must never be
+    ``False`` while a kept message opens one (the stateful machine checks that on random
+    histories); here, that it is ``False`` for a chat, ``True`` while a call is kept, and
+    ``False`` again once the call and its result left the window.
+    """
+    d = Demoter(SlidingWindow.last_messages(3))
+    chat = unique([Msg("user", "hi"), Msg("assistant", "hello"), Msg("user", "how are you")])
+    w = d.load("chat", chat, describer(d))
+    assert not w.calls and len(w.messages) == 3
+
+    call = [Msg("assistant", "", opens=("c1",)), Msg("tool", "42", answers="c1")]
+    agent = [*chat, *unique(call)]
+    w = d.load("chat", agent, describer(d))
+    assert w.calls and any(m.opens for m in w.messages)
+
+    later = [
+        *agent,
+        *unique([Msg("user", "and now?"), Msg("assistant", "fine"), Msg("user", "ok")]),
+    ]
+    w = d.load("chat", later, describer(d))
+    assert not any(m.opens for m in w.messages) and not w.calls

@@ -161,6 +161,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert w.pending >= max(0, w.start - max(w.delivered, len(w.pinned)))
         recs = [plain(m) for m in w.messages]
         assert within_bound(self.policy, recs), f"window of {len(recs)} over the bound"
+        assert w.calls or not any(m.opens for m in w.messages), "calls=False, yet one opens"
         self._check_groups(history, w.start, len(w.pinned), w.opener)
         self.loaded[cid] = len(history)
         if not self.hook.fail:  # a failed re-sync commits nothing: the state is still stale
@@ -208,6 +209,7 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             w = d.load(cid, stale, describer(d))
         assert w.messages == stale[w.start :] and w.pinned == stale[: len(w.pinned)]
+        assert w.calls or not any(m.opens for m in w.messages), "calls=False, yet one opens"
         self._check_groups(stale, w.start, len(w.pinned), w.opener)
         seen = bool(stale) and stale[-1] in self.described[cid]
         shorter = len(stale) < max(before.window_start, self.loaded[cid])
