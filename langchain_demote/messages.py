@@ -175,6 +175,22 @@ def _tool(message: BaseMessage) -> str | None:
     return message.name if isinstance(message, ToolMessage | FunctionMessage) else None
 
 
+# Message class -> its role when a message of it with text content holds nothing else to
+# describe ("" when it may: results, chat messages, unknown classes). An isinstance check
+# on a message class costs an abstract-class check; this is one dict lookup per message.
+_PLAIN: dict[type, str] = {}
+
+
+def _plain_role(cls: type) -> str:
+    if issubclass(cls, HumanMessage):
+        return "user"
+    if issubclass(cls, AIMessage):
+        return "assistant"  # (when it has no tool calls)
+    if issubclass(cls, SystemMessage):
+        return "system"
+    return ""
+
+
 def to_core(message: BaseMessage, describe: Describe) -> MessageRecord:
     """Describe one LangChain message for the planner.
 
@@ -188,6 +204,15 @@ def to_core(message: BaseMessage, describe: Describe) -> MessageRecord:
         ``ToolMessage``), its tokens as billed (tool calls and blocks included), and
         :func:`to_data` as its converter for delivery.
     """
+    content = message.content
+    if type(content) is str:  # text only (most chat messages): no calls, blocks or answers
+        plain = _PLAIN.get(type(message))
+        if plain is None:
+            plain = _PLAIN[type(message)] = _plain_role(type(message))
+        if plain and (
+            plain != "assistant" or not (message.tool_calls or message.invalid_tool_calls)  # type: ignore[attr-defined]
+        ):
+            return describe(plain, content, message=message, to_data=to_data)
     return describe(
         message_role(message),
         message_text(message),
