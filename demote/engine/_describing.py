@@ -53,21 +53,26 @@ def describe_message(
     """One message's record, as :meth:`demote.Demoter.describe` documents it."""
     if not isinstance(text, str):
         raise ArgumentTypeError(f"text: expected a str, got {type(text).__name__}")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
+    if to_data is not None and not callable(to_data):
+        raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
+    if not (opens or calls or blocks) and answers is None and tool is None:
+        # Text alone (most messages): nothing else to check, digest or count.
+        fp = fingerprint(role, text)
+        counted = tokens.count(fp, text, role=role, message=message)
+        return _new_record(role, text, fp, counted, (), None, None, to_data, None)
     opens = _call_ids(opens) if opens else ()
     if answers is not None and not isinstance(answers, str):
         raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
     if tool is not None and not isinstance(tool, str):
         raise ArgumentTypeError(f"tool: expected a str or None, got {tool!r:.80}")
-    if not isinstance(role, str) or role not in ROLES:
-        raise ConfigError(f"role must be one of {sorted(ROLES)}, got {role!r:.40}")
     if calls and (
         not isinstance(calls, Sequence) or not all(isinstance(c, Mapping) for c in calls)
     ):
         raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
     if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
         raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
-    if to_data is not None and not callable(to_data):
-        raise ArgumentTypeError(f"to_data: expected a callable or None, got {to_data!r:.80}")
     fp = fingerprint(
         role, text, opens, answers, parts_digest(calls, blocks) if calls or blocks else None
     )

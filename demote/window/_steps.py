@@ -272,6 +272,8 @@ def cut(policy: SlidingWindow, idx: GroupIndex, fixed: int, watermark: int) -> C
     deliver_to = max(
         pos, placeholders[-1] + 1 if placeholders else 0, clips[-1] + 1 if clips else 0
     )
-    overhang = max(0, sizes.size(sizes.n - 1) - limit)
+    # (sizes never grow from one candidate to the next: a whole window within the limit
+    # has no overhang)
+    overhang = 0 if total <= limit else max(0, sizes.size(sizes.n - 1) - limit)
     size = total if t == 0 else sizes.size(t)
     return Cut(pos, size, compact, opener, watermark, placeholders, clips, deliver_to, overhang)
