@@ -84,21 +84,41 @@ class Read:
 
 _lock = threading.Lock()
 _reads: OrderedDict[int, Read] = OrderedDict()  # id(read) -> read, oldest first
-_by_message: dict[int, Read] = {}  # id(message) -> the newest read that returned it
+_by_message: dict[int, Read] = {}  # id(message) -> the newest indexed read that returned it
+# Reads not in ``_by_message`` yet, oldest first: a read is indexed by the first
+# :func:`find` after it (most reads are never looked up: a chat engine's, or the memory's
+# own read of a turn), so a read costs a few dictionary entries, not one per message.
+_unindexed: dict[int, Read] = {}
 
 
 def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
     """Record that ``memory`` returned ``messages`` (the newest read of each object wins)."""
     read = Read(memory, tuple(messages), input)
+    key = id(read)
     with _lock:
-        _reads[id(read)] = read
+        _reads[key] = read
+        _unindexed[key] = read
+        if len(_reads) > KEPT:
+            _forget_oldest()
+
+
+def _forget_oldest() -> None:
+    """Drop the oldest reads past :data:`KEPT` (``_lock`` held)."""
+    while len(_reads) > KEPT:
+        key, old = _reads.popitem(last=False)
+        if _unindexed.pop(key, None) is not None:
+            continue  # never indexed: no message points at it
+        for m in old.messages:
+            if _by_message.get(id(m)) is old:
+                del _by_message[id(m)]
+
+
+def _index() -> None:
+    """Index the reads noted since the last lookup, oldest first (``_lock`` held)."""
+    for read in _unindexed.values():
         for m in read.messages:
             _by_message[id(m)] = read
-        while len(_reads) > KEPT:
-            _, old = _reads.popitem(last=False)
-            for m in old.messages:
-                if _by_message.get(id(m)) is old:
-                    del _by_message[id(m)]
+    _unindexed.clear()
 
 
 def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
@@ -110,6 +130,8 @@ def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
     built from a ``DemotingMemory`` read).
     """
     with _lock:
+        if _unindexed:
+            _index()
         for j in range(len(messages) - 1, -1, -1):
             read = _by_message.get(id(messages[j]))
             if read is None:
@@ -163,6 +185,8 @@ def run_history(
     ``None`` unless an LLM call of a run loaded exactly ``stored`` (its length and last
     message) followed by steps: the memory then reads what that call read.
     """
+    if not _runs:  # no DemotingLLM call recorded a run (a chat engine's memory)
+        return None
     with _lock:
         run = _runs.get((id(demoter), conversation_id))
     if run is None or run.demoter is not demoter or run.stored != len(stored):
