@@ -311,7 +311,8 @@ class DemotingMemory(BaseChatStoreMemory):
         Returns:
             New list; the memory's own messages are the chat store's objects.
         """
-        self._check_initial(initial_token_count)
+        if initial_token_count.__class__ is not int or initial_token_count:
+            self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
         out = assemble(self._load()) if self._p.recall is None else self._recalling_get(input)
         reads.note(self, out, input)
         return out
@@ -380,7 +381,9 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             MessageTypeError: ``message`` is not a ChatMessage; nothing is stored.
         """
-        self.put_messages([check_message(message, ChatMessage, "message")])
+        if message.__class__ is not ChatMessage:  # (an isinstance of a pydantic class is slow)
+            message = check_message(message, ChatMessage, "message")
+        self._store([message])
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
@@ -392,12 +395,16 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             MessageTypeError: ``messages`` is not a list of ChatMessage; nothing is stored.
         """
-        messages = check_messages(messages, ChatMessage, "messages")
-        parts, cid = self._p, self.chat_store_key
-        base = len(self.chat_store.get_messages(cid)) if needs_index(parts, messages) else 0
+        self._store(check_messages(messages, ChatMessage, "messages"))
+
+    def _store(self, messages: list[ChatMessage]) -> None:
+        """:meth:`put_messages` of checked ``messages``."""
+        parts, cid, store = self._p, self.chat_store_key, self.chat_store
+        base = len(store.get_messages(cid)) if needs_index(parts, messages) else 0
         for message in messages:
-            self.chat_store.add_message(cid, message)
-        capture_users(parts, cid, base, messages)
+            store.add_message(cid, message)
+        if parts.capture is not None:
+            capture_users(parts, cid, base, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
