@@ -313,7 +313,11 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         if initial_token_count.__class__ is not int or initial_token_count:
             self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
-        out = assemble(self._load()) if self._p.recall is None else self._recalling_get(input)
+        parts = self._p
+        if parts.recall is None:
+            out = assemble(self._load(), callless=parts.callless)
+        else:
+            out = self._recalling_get(input)
         reads.note(self, out, input)
         return out
 
@@ -323,7 +327,7 @@ class DemotingMemory(BaseChatStoreMemory):
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
         self._check_initial(initial_token_count)
         if self._p.recall is None:
-            out = assemble(await self._aload())
+            out = assemble(await self._aload(), callless=self._p.callless)
         else:
             out = await self._arecalling_get(input)
         reads.note(self, out, input)
