@@ -152,16 +152,6 @@ def answer_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
     return out
 
 
-def _opens_none(message: ChatMessage) -> bool:
-    """Whether ``message`` opens no tool call (:func:`opened_calls` is empty)."""
-    blocks = message.blocks
-    if "tool_calls" not in message.additional_kwargs and (
-        len(blocks) == 1 and type(blocks[0]) is TextBlock
-    ):
-        return True  # the usual message: its one text block opens nothing
-    return not opened_calls(message)
-
-
 class Callless:
     """One memory's newest kept messages known to open no tool call.
 
@@ -194,7 +184,9 @@ class Callless:
         ):
             same = 0
         for m in messages[same:] if same else messages:
-            if not _opens_none(m):
+            blocks = m.blocks  # the usual message (one text block, no legacy calls) opens none
+            plain = len(blocks) == 1 and type(blocks[0]) is TextBlock
+            if ("tool_calls" in m.additional_kwargs or not plain) and opened_calls(m):
                 return False
         self._seen = (start, messages[:])
         return True

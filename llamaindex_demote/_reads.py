@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,6 +59,7 @@ class ReadingMemory(Protocol):
 
 __all__ = [
     "KEPT",
+    "RUNS",
     "Read",
     "ReadingMemory",
     "Run",
@@ -82,22 +83,21 @@ class Read:
     input: str | None
 
 
+_Noted = tuple[ReadingMemory, tuple[ChatMessage, ...], str | None]  # a Read not indexed yet
+
 _lock = threading.Lock()
-_reads: OrderedDict[int, Read] = OrderedDict()  # id(read) -> read, oldest first
+# The registered reads, oldest first: the indexed ones as Read, then the newest, not
+# indexed yet, as plain tuples. A read is indexed by the first :func:`find` after it
+# (most reads are never looked up: a chat engine's, or the memory's own read of a turn),
+# so noting one costs a tuple and an append, not a dictionary entry per message.
+_reads: deque[Read | _Noted] = deque()
 _by_message: dict[int, Read] = {}  # id(message) -> the newest indexed read that returned it
-# Reads not in ``_by_message`` yet, oldest first: a read is indexed by the first
-# :func:`find` after it (most reads are never looked up: a chat engine's, or the memory's
-# own read of a turn), so a read costs a few dictionary entries, not one per message.
-_unindexed: dict[int, Read] = {}
 
 
 def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
     """Record that ``memory`` returned ``messages`` (the newest read of each object wins)."""
-    read = Read(memory, tuple(messages), input)
-    key = id(read)
     with _lock:
-        _reads[key] = read
-        _unindexed[key] = read
+        _reads.append((memory, tuple(messages), input))
         if len(_reads) > KEPT:
             _forget_oldest()
 
@@ -105,20 +105,24 @@ def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | No
 def _forget_oldest() -> None:
     """Drop the oldest reads past :data:`KEPT` (``_lock`` held)."""
     while len(_reads) > KEPT:
-        key, old = _reads.popitem(last=False)
-        if _unindexed.pop(key, None) is not None:
-            continue  # never indexed: no message points at it
-        for m in old.messages:
-            if _by_message.get(id(m)) is old:
-                del _by_message[id(m)]
+        old = _reads.popleft()
+        if isinstance(old, Read):  # (else never indexed: no message points at it)
+            for m in old.messages:
+                if _by_message.get(id(m)) is old:
+                    del _by_message[id(m)]
 
 
 def _index() -> None:
     """Index the reads noted since the last lookup, oldest first (``_lock`` held)."""
-    for read in _unindexed.values():
+    first = len(_reads)
+    while first and not isinstance(_reads[first - 1], Read):
+        first -= 1
+    for k in range(first, len(_reads)):
+        noted = _reads[k]
+        read = noted if isinstance(noted, Read) else Read(*noted)
+        _reads[k] = read
         for m in read.messages:
             _by_message[id(m)] = read
-    _unindexed.clear()
 
 
 def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
@@ -130,7 +134,7 @@ def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
     built from a ``DemotingMemory`` read).
     """
     with _lock:
-        if _unindexed:
+        if _reads and not isinstance(_reads[-1], Read):
             _index()
         for j in range(len(messages) - 1, -1, -1):
             read = _by_message.get(id(messages[j]))
@@ -162,6 +166,9 @@ class Run:
 
 
 _runs: OrderedDict[tuple[int, str], Run] = OrderedDict()
+#: The recorded runs: empty (false) until a :class:`DemotingLLM` call records one, so a
+#: read without any can skip :func:`run_history`.
+RUNS: Mapping[tuple[int, str], Run] = _runs
 
 
 def note_run(run: Run, conversation_id: str) -> None:
@@ -185,8 +192,6 @@ def run_history(
     ``None`` unless an LLM call of a run loaded exactly ``stored`` (its length and last
     message) followed by steps: the memory then reads what that call read.
     """
-    if not _runs:  # no DemotingLLM call recorded a run (a chat engine's memory)
-        return None
     with _lock:
         run = _runs.get((id(demoter), conversation_id))
     if run is None or run.demoter is not demoter or run.stored != len(stored):

@@ -315,7 +315,7 @@ class DemotingMemory(BaseChatStoreMemory):
             self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
         parts = self._p
         if parts.recall is None:
-            out = assemble(self._load(), callless=parts.callless)
+            out = assemble(self._load(parts), callless=parts.callless)
         else:
             out = self._recalling_get(input)
         reads.note(self, out, input)
@@ -333,10 +333,12 @@ class DemotingMemory(BaseChatStoreMemory):
         reads.note(self, out, input)
         return out
 
-    def _load(self) -> Window[ChatMessage]:
-        parts, cid = self._p, self.chat_store_key
+    def _load(self, parts: Parts) -> Window[ChatMessage]:
+        cid = self.chat_store_key
         messages = self.chat_store.get_messages(cid)
-        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        run = None
+        if reads.RUNS:  # (only a DemotingLLM records runs: a chat engine's memory has none)
+            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
             window = parts.demoter.load(cid, messages, parts.describe)
         else:  # inside a DemotingLLM run: read what its newest LLM call read
@@ -348,7 +350,9 @@ class DemotingMemory(BaseChatStoreMemory):
     async def _aload(self) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
-        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        run = None
+        if reads.RUNS:
+            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
             window = await parts.demoter.aload(cid, messages, parts.describe)
         else:  # inside a DemotingLLM run: read what its newest LLM call read
@@ -360,7 +364,8 @@ class DemotingMemory(BaseChatStoreMemory):
     @dispatcher.span
     def _recalling_get(self, input: str | None) -> list[ChatMessage]:
         """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
-        parts, window = self._p, self._load()
+        parts = self._p
+        window = self._load(parts)
         return drive_sync(with_recall(parts, self.chat_store_key, window, input))
 
     @dispatcher.span
@@ -387,7 +392,10 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         if message.__class__ is not ChatMessage:  # (an isinstance of a pydantic class is slow)
             message = check_message(message, ChatMessage, "message")
-        self._store([message])
+        if self._p.capture is None:  # nothing else to do: store it
+            self.chat_store.add_message(self.chat_store_key, message)
+        else:
+            self._store([message])
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
