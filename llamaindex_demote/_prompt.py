@@ -167,20 +167,26 @@ class Callless:
         self._seen: tuple[int, list[ChatMessage]] = (0, [])
 
     def holds(self, start: int, messages: list[ChatMessage]) -> bool:
-        """Whether no message of ``messages`` (absolute positions from ``start``) opens a call."""
+        """Whether no message of ``messages`` (absolute positions from ``start``) opens a call.
+
+        ``messages`` is kept when it holds (a window's own list, which nothing changes):
+        a copy would touch every message again.
+        """
         at, seen = self._seen
         skip = start - at
         same = len(seen) - skip
         if same > len(messages):
             same = len(messages)
         # The same objects at both ends: compare the run in one C-level pass (a list
-        # compares by identity first; an equal message opens the same calls).
+        # compares by identity first; an equal message opens the same calls), slicing
+        # only what does not line up (most reads keep the start and append).
         if not (
             skip >= 0
             and same > 0
             and messages[0] is seen[skip]
             and messages[same - 1] is seen[skip + same - 1]
-            and messages[:same] == seen[skip : skip + same]
+            and (messages if same == len(messages) else messages[:same])
+            == (seen if skip == 0 and same == len(seen) else seen[skip : skip + same])
         ):
             same = 0
         for m in messages[same:] if same else messages:
@@ -188,7 +194,7 @@ class Callless:
             plain = len(blocks) == 1 and type(blocks[0]) is TextBlock
             if ("tool_calls" in m.additional_kwargs or not plain) and opened_calls(m):
                 return False
-        self._seen = (start, messages[:])
+        self._seen = (start, messages)
         return True
 
 

@@ -96,9 +96,11 @@ _by_message: dict[int, Read] = {}  # id(message) -> the newest indexed read that
 
 def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
     """Record that ``memory`` returned ``messages`` (the newest read of each object wins)."""
-    with _lock:
-        _reads.append((memory, tuple(messages), input))
-        if len(_reads) > KEPT:
+    # A deque's append is atomic, and an index stays put under it: _index (under the lock)
+    # sees the newest reads now or at the next find. Only dropping takes the lock.
+    _reads.append((memory, tuple(messages), input))
+    if len(_reads) > KEPT:
+        with _lock:
             _forget_oldest()
 
 

@@ -325,7 +325,8 @@ class DemotingMemory(BaseChatStoreMemory):
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
     ) -> list[ChatMessage]:
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
-        self._check_initial(initial_token_count)
+        if initial_token_count.__class__ is not int or initial_token_count:
+            self._check_initial(initial_token_count)
         if self._p.recall is None:
             out = assemble(await self._aload(), callless=self._p.callless)
         else:
