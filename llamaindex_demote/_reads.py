@@ -20,7 +20,9 @@ twice.
 
 The registry keeps the newest reads only (:data:`KEPT`), each holding its messages (so an
 object's ``id`` cannot be reused while it is registered); a message returned by several
-reads (a chat store's own object) points at the newest. Lookups and notes take one lock.
+reads (a chat store's own object) points at the newest. A read is indexed by message
+only at the first lookup after it (most reads are never looked up), so noting one is an
+append. Lookups, and dropping the oldest reads, take one lock.
 """
 
 from __future__ import annotations
