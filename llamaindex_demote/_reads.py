@@ -20,15 +20,17 @@ twice.
 
 The registry keeps the newest reads only (:data:`KEPT`), each holding its messages (so an
 object's ``id`` cannot be reused while it is registered); a message returned by several
-reads (a chat store's own object) points at the newest. Lookups and notes take one lock.
+reads (a chat store's own object) points at the newest. A read is indexed by message
+only at the first lookup after it (most reads are never looked up), so noting one is an
+append. Lookups, and dropping the oldest reads, take one lock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -59,6 +61,7 @@ class ReadingMemory(Protocol):
 
 __all__ = [
     "KEPT",
+    "RUNS",
     "Read",
     "ReadingMemory",
     "Run",
@@ -82,23 +85,48 @@ class Read:
     input: str | None
 
 
+_Noted = tuple[ReadingMemory, tuple[ChatMessage, ...], str | None]  # a Read not indexed yet
+
 _lock = threading.Lock()
-_reads: OrderedDict[int, Read] = OrderedDict()  # id(read) -> read, oldest first
-_by_message: dict[int, Read] = {}  # id(message) -> the newest read that returned it
+# The registered reads, oldest first: the indexed ones as Read, then the newest, not
+# indexed yet, as plain tuples. A read is indexed by the first :func:`find` after it
+# (most reads are never looked up: a chat engine's, or the memory's own read of a turn),
+# so noting one costs a tuple and an append, not a dictionary entry per message.
+_reads: deque[Read | _Noted] = deque()
+_by_message: dict[int, Read] = {}  # id(message) -> the newest indexed read that returned it
 
 
 def note(memory: ReadingMemory, messages: Sequence[ChatMessage], input: str | None) -> None:
     """Record that ``memory`` returned ``messages`` (the newest read of each object wins)."""
-    read = Read(memory, tuple(messages), input)
-    with _lock:
-        _reads[id(read)] = read
-        for m in read.messages:
-            _by_message[id(m)] = read
-        while len(_reads) > KEPT:
-            _, old = _reads.popitem(last=False)
+    # A deque's append is atomic, and an index stays put under it: _index (under the lock)
+    # sees the newest reads now or at the next find. Only dropping takes the lock.
+    _reads.append((memory, tuple(messages), input))
+    if len(_reads) > KEPT:
+        with _lock:
+            _forget_oldest()
+
+
+def _forget_oldest() -> None:
+    """Drop the oldest reads past :data:`KEPT` (``_lock`` held)."""
+    while len(_reads) > KEPT:
+        old = _reads.popleft()
+        if isinstance(old, Read):  # (else never indexed: no message points at it)
             for m in old.messages:
                 if _by_message.get(id(m)) is old:
                     del _by_message[id(m)]
+
+
+def _index() -> None:
+    """Index the reads noted since the last lookup, oldest first (``_lock`` held)."""
+    first = len(_reads)
+    while first and not isinstance(_reads[first - 1], Read):
+        first -= 1
+    for k in range(first, len(_reads)):
+        noted = _reads[k]
+        read = noted if isinstance(noted, Read) else Read(*noted)
+        _reads[k] = read
+        for m in read.messages:
+            _by_message[id(m)] = read
 
 
 def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
@@ -110,6 +138,8 @@ def find(messages: Sequence[ChatMessage]) -> tuple[Read, int, int] | None:
     built from a ``DemotingMemory`` read).
     """
     with _lock:
+        if _reads and not isinstance(_reads[-1], Read):
+            _index()
         for j in range(len(messages) - 1, -1, -1):
             read = _by_message.get(id(messages[j]))
             if read is None:
@@ -140,6 +170,9 @@ class Run:
 
 
 _runs: OrderedDict[tuple[int, str], Run] = OrderedDict()
+#: The recorded runs: empty (false) until a :class:`DemotingLLM` call records one, so a
+#: read without any can skip :func:`run_history`.
+RUNS: Mapping[tuple[int, str], Run] = _runs
 
 
 def note_run(run: Run, conversation_id: str) -> None:

@@ -196,7 +196,8 @@ def _listening() -> bool:
     d = dispatcher
     while True:
         for handler in d.event_handlers:
-            if not isinstance(handler, NullEventHandler):
+            # (The exact class first: an isinstance of a pydantic class is slow.)
+            if type(handler) is not NullEventHandler and not isinstance(handler, NullEventHandler):
                 return True
         if not d.propagate or not d.parent_name:
             return False

@@ -311,8 +311,13 @@ class DemotingMemory(BaseChatStoreMemory):
         Returns:
             New list; the memory's own messages are the chat store's objects.
         """
-        self._check_initial(initial_token_count)
-        out = assemble(self._load()) if self._p.recall is None else self._recalling_get(input)
+        if initial_token_count.__class__ is not int or initial_token_count:
+            self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
+        parts = self._p
+        if parts.recall is None:
+            out = assemble(self._load(parts), callless=parts.callless)
+        else:
+            out = self._recalling_get(input)
         reads.note(self, out, input)
         return out
 
@@ -320,18 +325,21 @@ class DemotingMemory(BaseChatStoreMemory):
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
     ) -> list[ChatMessage]:
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
-        self._check_initial(initial_token_count)
+        if initial_token_count.__class__ is not int or initial_token_count:
+            self._check_initial(initial_token_count)
         if self._p.recall is None:
-            out = assemble(await self._aload())
+            out = assemble(await self._aload(), callless=self._p.callless)
         else:
             out = await self._arecalling_get(input)
         reads.note(self, out, input)
         return out
 
-    def _load(self) -> Window[ChatMessage]:
-        parts, cid = self._p, self.chat_store_key
+    def _load(self, parts: Parts) -> Window[ChatMessage]:
+        cid = self.chat_store_key
         messages = self.chat_store.get_messages(cid)
-        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        run = None
+        if reads.RUNS:  # (only a DemotingLLM records runs: a chat engine's memory has none)
+            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
             window = parts.demoter.load(cid, messages, parts.describe)
         else:  # inside a DemotingLLM run: read what its newest LLM call read
@@ -343,7 +351,9 @@ class DemotingMemory(BaseChatStoreMemory):
     async def _aload(self) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
-        run = reads.run_history(parts.demoter, cid, messages, parts.describe)
+        run = None
+        if reads.RUNS:
+            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
             window = await parts.demoter.aload(cid, messages, parts.describe)
         else:  # inside a DemotingLLM run: read what its newest LLM call read
@@ -355,7 +365,8 @@ class DemotingMemory(BaseChatStoreMemory):
     @dispatcher.span
     def _recalling_get(self, input: str | None) -> list[ChatMessage]:
         """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
-        parts, window = self._p, self._load()
+        parts = self._p
+        window = self._load(parts)
         return drive_sync(with_recall(parts, self.chat_store_key, window, input))
 
     @dispatcher.span
@@ -380,7 +391,12 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             MessageTypeError: ``message`` is not a ChatMessage; nothing is stored.
         """
-        self.put_messages([check_message(message, ChatMessage, "message")])
+        if message.__class__ is not ChatMessage:  # (an isinstance of a pydantic class is slow)
+            message = check_message(message, ChatMessage, "message")
+        if self._p.capture is None:  # nothing else to do: store it
+            self.chat_store.add_message(self.chat_store_key, message)
+        else:
+            self._store([message])
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
@@ -392,12 +408,16 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             MessageTypeError: ``messages`` is not a list of ChatMessage; nothing is stored.
         """
-        messages = check_messages(messages, ChatMessage, "messages")
-        parts, cid = self._p, self.chat_store_key
-        base = len(self.chat_store.get_messages(cid)) if needs_index(parts, messages) else 0
+        self._store(check_messages(messages, ChatMessage, "messages"))
+
+    def _store(self, messages: list[ChatMessage]) -> None:
+        """:meth:`put_messages` of checked ``messages``."""
+        parts, cid, store = self._p, self.chat_store_key, self.chat_store
+        base = len(store.get_messages(cid)) if needs_index(parts, messages) else 0
         for message in messages:
-            self.chat_store.add_message(cid, message)
-        capture_users(parts, cid, base, messages)
+            store.add_message(cid, message)
+        if parts.capture is not None:
+            capture_users(parts, cid, base, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""

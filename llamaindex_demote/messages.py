@@ -221,6 +221,11 @@ def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
         tokens as billed (tool calls and blocks included), :func:`to_data` as its
         converter for delivery.
     """
+    blocks = message.blocks
+    if not message.additional_kwargs and len(blocks) == 1 and type(blocks[0]) is TextBlock:
+        # Most messages: one text block, no calls, no kwargs (so no call id or tool name):
+        # what the general path below gives them, without its passes over the blocks.
+        return describe(core_role(message), blocks[0].text, message=message, to_data=to_data)
     role = core_role(message)
     answers = _tool_call_id(message) if role == "tool" else None  # answered_call, role known
     opens = opened_calls(message)
