@@ -17,7 +17,7 @@ assistant message whose calls are too large is sent with its long argument value
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 
@@ -152,63 +152,17 @@ def answer_dangling(messages: list[ChatMessage]) -> list[ChatMessage]:
     return out
 
 
-class Callless:
-    """One memory's newest kept messages known to open no tool call.
-
-    Consecutive reads keep mostly the same messages (the window moves by a message or
-    two), so :meth:`holds` looks only at the messages it has not seen: the rest are the
-    same objects it found opening nothing, as the engine's records of them are (a
-    stored message is not changed in place). Thread-safe: one tuple is replaced whole.
-    """
-
-    __slots__ = ("_seen",)
-
-    def __init__(self) -> None:
-        self._seen: tuple[int, list[ChatMessage]] = (0, [])
-
-    def holds(self, start: int, messages: list[ChatMessage]) -> bool:
-        """Whether no message of ``messages`` (absolute positions from ``start``) opens a call.
-
-        ``messages`` is kept when it holds (a window's own list, which nothing changes):
-        a copy would touch every message again.
-        """
-        at, seen = self._seen
-        skip = start - at
-        same = len(seen) - skip
-        if same > len(messages):
-            same = len(messages)
-        # The same objects at both ends: compare the run in one C-level pass (a list
-        # compares by identity first; an equal message opens the same calls), slicing
-        # only what does not line up (most reads keep the start and append).
-        if not (
-            skip >= 0
-            and same > 0
-            and messages[0] is seen[skip]
-            and messages[same - 1] is seen[skip + same - 1]
-            and (messages if same == len(messages) else messages[:same])
-            == (seen if skip == 0 and same == len(seen) else seen[skip : skip + same])
-        ):
-            same = 0
-        for m in messages[same:] if same else messages:
-            blocks = m.blocks  # the usual message (one text block, no legacy calls) opens none
-            plain = len(blocks) == 1 and type(blocks[0]) is TextBlock
-            if ("tool_calls" in m.additional_kwargs or not plain) and opened_calls(m):
-                return False
-        self._seen = (start, messages)
-        return True
-
-
 def assemble(
     window: Window[ChatMessage],
     recalled: Sequence[Recalled] = (),
     at: int = 0,
-    callless: Callless | None = None,
 ) -> list[ChatMessage]:
     """A new list: pinned, summary, the shown messages, the recall message inserted at ``at``.
 
     ``at`` indexes :func:`shown` (opener first, when there is one). Calls the conversation
-    moved on from get their stand-in results (:func:`answer_dangling`); with ``callless``
-    (the memory's), kept messages it already found opening no call are not looked at again.
+    moved on from get their stand-in results (:func:`answer_dangling`), when a kept
+    message opens one (``Window.calls``: the opener, the summary and the recall message
+    open none).
     """
     body = window.messages
     if recalled or window.opener is not None or window.placeholders or window.clipped:
@@ -217,7 +171,7 @@ def assemble(
             if at and window.opener is not None and window.summary:
                 at += 1  # the progress note follows the opener in the body, not in shown()
             body = [*body[:at], recall_message(recalled), *body[at:]]
-    if callless is None or body is not window.messages or not callless.holds(window.start, body):
+    if window.calls:
         body = answer_dangling(body)
     if window.summary and window.opener is None:
         return [*window.pinned, from_core("system", render_summary(window.summary)), *body]
@@ -234,7 +188,6 @@ class Parts:
     recall_k: int
     capture: Capture | None
     recall_budget_tokens: int | None = None
-    callless: Callless = field(default_factory=Callless, compare=False, repr=False)
 
     def search_options(self) -> dict[str, int]:
         """Keyword arguments of a recall search (only what was asked for)."""

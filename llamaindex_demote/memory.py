@@ -314,10 +314,7 @@ class DemotingMemory(BaseChatStoreMemory):
         if initial_token_count.__class__ is not int or initial_token_count:
             self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
         parts = self._p
-        if parts.recall is None:
-            out = assemble(self._load(parts), callless=parts.callless)
-        else:
-            out = self._recalling_get(input)
+        out = assemble(self._load(parts)) if parts.recall is None else self._recalling_get(input)
         reads.note(self, out, input)
         return out
 
@@ -328,7 +325,7 @@ class DemotingMemory(BaseChatStoreMemory):
         if initial_token_count.__class__ is not int or initial_token_count:
             self._check_initial(initial_token_count)
         if self._p.recall is None:
-            out = assemble(await self._aload(), callless=self._p.callless)
+            out = assemble(await self._aload())
         else:
             out = await self._arecalling_get(input)
         reads.note(self, out, input)
