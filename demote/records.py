@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ __all__ = [
     "Recalled",
     "Role",
     "fingerprint",
+    "keys_of",
     "make_key",
     "parts_digest",
     "searchable_text",
@@ -197,6 +198,20 @@ def make_key(conversation_id: str, index: int, message_fingerprint: str) -> str:
     return h.hexdigest()
 
 
+def keys_of(conversation_id: str, records: Iterable[tuple[int, MessageRecord]]) -> list[str]:
+    """Every key the messages at these positions were delivered under, in any release.
+
+    :func:`make_key` of each record's fingerprint, and of its legacy one when it has one
+    (what an earlier release named it by), in order: what an erase must reach.
+    """
+    keys: list[str] = []
+    for index, rec in records:
+        keys.append(make_key(conversation_id, index, rec.fingerprint))
+        if rec.legacy is not None:
+            keys.append(make_key(conversation_id, index, rec.legacy))
+    return keys
+
+
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
     """What the core knows about one message: made by adapters, read by the planner.
@@ -217,6 +232,11 @@ class MessageRecord:
         clipped_tokens: What an assistant message counts when its long tool-call argument
             values are cut (:func:`demote.window.clearing.clip_calls`, as a window sends
             an old call too large for it); ``None`` when it has none to cut.
+        legacy: The fingerprint releases before the whole-message form gave this message
+            (role, text, call ids and the answered id, without :func:`parts_digest`),
+            when its tool calls or blocks make today's differ; ``None`` otherwise. The
+            state and the keys those releases wrote name the message by it, so it is
+            matched too wherever stored fingerprints and keys are (:meth:`known_as`).
     """
 
     role: Role
@@ -228,6 +248,11 @@ class MessageRecord:
     tool: str | None = None
     to_data: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False, repr=False)
     clipped_tokens: int | None = None
+    legacy: str | None = field(default=None, compare=False, repr=False)
+
+    def known_as(self, fp: str | None) -> bool:
+        """Is ``fp`` this message's fingerprint, today's or the :attr:`legacy` one?"""
+        return fp == self.fingerprint or (self.legacy is not None and fp == self.legacy)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -67,8 +67,15 @@ class Batches:
             # After a re-sync or a clear the watermark restarted: what the hook (or, for a
             # hook that cannot tell, this process) already holds is not offered again.
             if self._probe:
-                held = yield HasKeys(self.hook, cid, [m.key for m in out])
-                out = [m for m in out if m.key not in held]
+                # A message whose calls or blocks an earlier release fingerprinted without
+                # them was delivered under the key of its legacy fingerprint: ask for both.
+                legacy = {
+                    m.key: make_key(cid, m.index, rec.legacy)
+                    for m in out
+                    if (rec := records[m.index - base]).legacy is not None
+                }
+                held = yield HasKeys(self.hook, cid, [m.key for m in out] + list(legacy.values()))
+                out = [m for m in out if m.key not in held and legacy.get(m.key) not in held]
             else:
                 was = self._views.was_sent
                 out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]

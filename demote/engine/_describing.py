@@ -61,7 +61,7 @@ def describe_message(
         # Text alone (most messages): nothing else to check, digest or count.
         fp = fingerprint(role, text)
         counted = tokens.count(fp, text, role=role, message=message)
-        return _new_record(role, text, fp, counted, (), None, None, to_data, None)
+        return _new_record(role, text, fp, counted, (), None, None, to_data, None, None)
     opens = _call_ids(opens) if opens else ()
     if answers is not None and not isinstance(answers, str):
         raise ArgumentTypeError(f"answers: expected a str or None, got {answers!r:.80}")
@@ -73,9 +73,10 @@ def describe_message(
         raise ArgumentTypeError(f"calls: expected a sequence of mappings, got {calls!r:.80}")
     if blocks and (not isinstance(blocks, Sequence) or isinstance(blocks, str | bytes)):
         raise ArgumentTypeError(f"blocks: expected a sequence, got {blocks!r:.80}")
-    fp = fingerprint(
-        role, text, opens, answers, parts_digest(calls, blocks) if calls or blocks else None
-    )
+    parts = parts_digest(calls, blocks) if calls or blocks else None
+    fp = fingerprint(role, text, opens, answers, parts)
+    # What releases before parts_digest called it (their stored state and keys name it so).
+    legacy = None if parts is None else fingerprint(role, text, opens, answers)
     counted = tokens.count(
         fp,
         text,
@@ -90,7 +91,7 @@ def describe_message(
     if role == "assistant" and calls and counted > LONG_ARG_CHARS // 4:
         clipped = _clipped_tokens(tokens, fp, text, calls, blocks, counted)
     # The role was checked against ROLES above (typing.cast would cost a call per message).
-    return _new_record(role, text, fp, counted, opens, answers, tool, to_data, clipped)
+    return _new_record(role, text, fp, counted, opens, answers, tool, to_data, clipped, legacy)
 
 
 def _clipped_tokens(

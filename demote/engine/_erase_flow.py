@@ -23,7 +23,7 @@ from demote._validate import seconds
 from demote.backends.flow import Call, Flow, Op
 from demote.engine.demoter import Demoter
 from demote.erase import EraseReport
-from demote.records import MessageRecord, make_key
+from demote.records import MessageRecord, keys_of
 
 __all__ = ["Twin", "erase_conversation"]
 
@@ -71,7 +71,7 @@ def erase_conversation(
     held: Sequence[tuple[int, T]] = yield read
     if clear is not None:
         yield clear
-    keys = [make_key(conversation_id, i, describe(m).fingerprint) for i, m in held]
+    keys = keys_of(conversation_id, ((i, describe(m)) for i, m in held))
     options = {"keys": keys, "also": tuple(also), "wait": wait}
     report: EraseReport = yield Call(demoter, "erase", (conversation_id,), options)
     return replace(report, inner=len(held) if clear is not None else None)

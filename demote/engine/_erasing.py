@@ -20,7 +20,7 @@ from demote.engine._work import Hold, Tally
 from demote.engine.retry import RetryTracker
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError
-from demote.records import MessageRecord, make_key
+from demote.records import MessageRecord, keys_of
 from demote.state.base import Lease, validate_conversation_id
 
 T = TypeVar("T")
@@ -78,7 +78,7 @@ class Eraser:
             raise ConfigError("erase: give both messages and describe, or neither")
         keys = None if given is None else [str(k) for k in given]
         if messages is not None and describe is not None:
-            derived = [make_key(cid, i, describe(m).fingerprint) for i, m in enumerate(messages)]
+            derived = keys_of(cid, ((i, describe(m)) for i, m in enumerate(messages)))
             keys = list(dict.fromkeys([*derived, *(keys or ())]))
         delivery = self._delivery
         wait = delivery.lease_ttl if wait is None else seconds("wait", wait, zero=True)

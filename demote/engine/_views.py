@@ -237,15 +237,20 @@ class ViewCache:
             return False
         if n == 0:
             return True
-        i, fp = n - 1, describe(messages[n - 1]).fingerprint
+        i, rec = n - 1, describe(messages[n - 1])
+        fp = rec.fingerprint
         if view is not None:
             if view.base <= i < view.base + len(view.records):
                 return view.records[i - view.base].fingerprint == fp
             j = i - view.left_base
             if 0 <= j < len(view.left):
                 return view.left[j] == fp
-        # This process has not seen it: the committed trail tells, as far as it reaches.
-        return n < state.window_start and _trail_says(state, i, fp)
+        # This process has not seen it: the committed trail tells, as far as it reaches
+        # (a trail an earlier release wrote holds the message's legacy fingerprint).
+        legacy = rec.legacy
+        return n < state.window_start and (
+            _trail_says(state, i, fp) or (legacy is not None and _trail_says(state, i, legacy))
+        )
 
 
 def record_at(

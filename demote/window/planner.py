@@ -260,7 +260,7 @@ def plan(
 
     # 2. Does the history still match the state?
     if end < state.window_start or (
-        not fresh and records[state.window_start - 1 - base].fingerprint != state.anchor
+        not fresh and not records[state.window_start - 1 - base].known_as(state.anchor)
     ):
         return Plan(pinned, start, end, state.delivered, rewritten=True)
 

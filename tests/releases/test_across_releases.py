@@ -254,24 +254,6 @@ def test_continuing_a_langchain_conversation_delivers_only_the_new_demotions(
         demoter.close()
 
 
-# Waves 1 and 2 fingerprinted an assistant message with tool calls by its call ids alone;
-# from wave 3 on the fingerprint covers the calls' names and arguments (records.parts_digest).
-# The keys and trail entries those releases stored for such a message no longer match.
-TOOL_CALL_KEYS = pytest.mark.xfail(
-    strict=True,
-    reason="defect: waves 1-2 stored the key (and wave 2 the trail entry) of an assistant "
-    "message with tool calls under its old fingerprint (role, text, call ids); the current "
-    "fingerprint adds parts_digest(calls), so has_keys misses the archived row and a "
-    "re-sync delivers that message again under a new key (a second archive row at index 3)",
-)
-STALE_TRAIL = pytest.mark.xfail(
-    strict=True,
-    reason="defect: wave 2's trail holds the old short fingerprint of the assistant message "
-    "with tool calls (index 3 of lc-1), so a stale copy ending there is taken for a rewrite: "
-    "the state is reset (window_start 8 -> 0) and the call is re-delivered",
-)
-
-
 def open_old(old: Old) -> tuple[Tap, SQLiteArchive, SQLiteStateStore, Demoter]:
     state = SQLiteStateStore(old.path("state.sqlite"))
     archive = SQLiteArchive(old.path("archive.sqlite"))
@@ -280,21 +262,16 @@ def open_old(old: Old) -> tuple[Tap, SQLiteArchive, SQLiteStateStore, Demoter]:
     return tap, archive, state, demoter
 
 
-@pytest.mark.parametrize(
-    "old",
-    [
-        pytest.param("wave1", marks=TOOL_CALL_KEYS),
-        pytest.param("wave2", marks=TOOL_CALL_KEYS),
-        "wave3",
-        "wave4",
-    ],
-    indirect=True,
-)
 def test_a_resync_of_an_old_conversation_re_delivers_nothing_the_archive_holds(
     old: Old, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A demoted message edited in the inner store is a rewrite: re-synced, and only the
-    edited message (new content, new key) reaches the hook; the rest is in the archive."""
+    edited message (new content, new key) reaches the hook; the rest is in the archive.
+
+    Waves 1 and 2 fingerprinted an assistant message with tool calls by its call ids
+    alone (from wave 3 on the fingerprint covers the calls' names and arguments): the
+    archive holds it under the key of that legacy fingerprint, which the hook is asked
+    for too."""
     messages = langchain_history(old)
     messages[7] = AIMessage("Okay, one (edited).")  # the message just before the window
     tap, archive, state, demoter = open_old(old)
@@ -311,12 +288,11 @@ def test_a_resync_of_an_old_conversation_re_delivers_nothing_the_archive_holds(
         state.close()
 
 
-@pytest.mark.parametrize(
-    "old", [pytest.param("wave2", marks=STALE_TRAIL), "wave3", "wave4"], indirect=True
-)
+@pytest.mark.parametrize("old", ["wave2", "wave3", "wave4"], indirect=True)
 def test_a_stale_copy_ending_at_an_old_tool_call_changes_nothing(old: Old) -> None:
     """A slow request's copy read right after the tool call was added (wave 1 kept no trail,
-    so its stale copies are re-synced by design)."""
+    so its stale copies are re-synced by design). Wave 2's trail holds the call's legacy
+    fingerprint (its ids alone)."""
     messages = langchain_history(old)
     tap, archive, state, demoter = open_old(old)
     try:
