@@ -465,3 +465,41 @@ def test_a_file_from_a_newer_release_is_refused_and_left_as_it_was(old: Old, nam
     with pytest.raises(StoreError, match=f"{version + 1}"):
         opener(path)
     assert path.read_bytes() == before
+
+
+def test_a_redis_state_an_old_release_wrote_reads_as_its_state(old: Old, redis_url: str) -> None:
+    """Redis keeps a state as the JSON of its fields (sorted keys): an old release's value
+    lacks the fields it did not have yet (wave 1 the trail, waves 1-2 the clearing
+    watermark); they read as their defaults, and the conversation goes on delivering
+    only what is new."""
+    import redis
+
+    from demote import RedisStateStore
+
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        for cid in ("core-1", "lc-1"):
+            stored = old.conversation(cid)["state"]
+            raw.set(
+                f"demote:state:{cid}", json.dumps(stored, sort_keys=True, separators=(",", ":"))
+            )
+            raw.sadd("demote:ids", cid)
+        with RedisStateStore(redis_url) as store:
+            assert store.get("core-1") == old.state("core-1")
+            assert store.get("lc-1") == old.state("lc-1")
+            archive = SQLiteArchive(old.path("archive.sqlite"))
+            tap = Tap(archive)
+            demoter = Demoter(POLICY, tap, state=store)
+            try:
+                history = langchain_history(old)
+                inner = InMemoryChatMessageHistory(messages=history)
+                DemotingChatMessageHistory(inner, demoter, "lc-1").messages  # noqa: B018
+                assert demoter.drain(10)
+                assert tap.indexes("lc-1") == [], "nothing delivered again"
+                assert store.get("lc-1") == old.state("lc-1")
+            finally:
+                demoter.close()
+                archive.close()
+    finally:
+        raw.flushdb()
+        raw.close()
