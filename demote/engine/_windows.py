@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -44,8 +45,27 @@ logger = logging.getLogger("demote")
 _TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
 _SUMMARIES_KEPT = 1024  # summaries whose count is kept (a few per conversation at most)
 _new_window = unchecked(Window)  # every load makes one, of values checked here
+_new_state = unchecked(ConversationState)  # every move of the window: its plan's values
+_new_event = unchecked(DemoteEvent)  # every move's ``demoted`` event
 
 T = TypeVar("T")
+
+
+def _stored_tokens(work: Work, old: int, new: int) -> tuple[int, int]:
+    """Tokens from ``old`` and from ``new`` to the end, as the messages are stored.
+
+    From the plan's index when both are cuts of it and nothing in it is counted clipped
+    (then each message counts what it is stored as): two lookups, not a pass.
+    """
+    idx = work.plan.index
+    if idx is not None and not idx.clip_pos and idx.end == len(work.messages):
+        cuts = idx.cuts
+        i, j = bisect_left(cuts, old), bisect_left(cuts, new)
+        if j < len(cuts) and cuts[i] == old and cuts[j] == new:
+            return idx.tokens - idx.cuts_at[i], idx.tokens - idx.cuts_at[j]
+    records, base = work.view.records, work.view.base
+    after = sum(map(_TOKENS, records[new - base :]))
+    return after + sum(map(_TOKENS, records[old - base : new - base])), after
 
 
 class Windows:
@@ -127,14 +147,12 @@ class Windows:
         old = prev.window_start if prev.window_start > prev.pinned else work.plan.pinned
         new = committed.window_start
         if new > old:
-            records, base = work.view.records, work.view.base
             # The kept messages as stored (a plan's size may count pinned messages, the
             # opener, reserved tokens or placeholders too).
-            after = sum(map(_TOKENS, records[new - base :]))
-            before = after + sum(map(_TOKENS, records[max(old, base) - base : new - base]))
+            before, after = _stored_tokens(work, max(old, work.view.base), new)
             at = 1 if work.resynced else 0
             work.events.insert(
-                at, DemoteEvent("demoted", cid, old, new, new - old, (), before, after)
+                at, _new_event("demoted", cid, old, new, new - old, (), before, after)
             )
         if work.plan.placeholders or work.plan.clipped:
             cleared = self._cleared_event(cid, work, prev)
@@ -368,7 +386,7 @@ class Windows:
             summary = make_digest(summary, dropped, budget, self._count_text)
             summarized = start if summary is not None else summarized
         # dataclasses.replace, without its introspection (this runs on most turns)
-        return ConversationState(
+        return _new_state(
             start,
             delivered,
             p.pinned,
