@@ -21,11 +21,15 @@ Setups:
 - ``demote core``: :meth:`demote.Demoter.load` over a list of records, each message
   described once.
 - ``DemotingChatMessageHistory`` / ``DemotingMemory``: the adapters, over LangChain's
-  in-memory history and LlamaIndex's ``SimpleChatStore``; included when importable. Each
-  turn's load makes a ``demoted`` event (the window moves every turn here); no observer,
-  callback handler or instrumentation handler listens, so the events cost their making
-  and one check for a listener.
-- ``... + observer``: the same with a Demoter observer that counts events.
+  in-memory history and LlamaIndex's ``SimpleChatStore``; included when importable, with
+  the default token window (``LowWater``: it cuts back to about half the limit when it
+  is full, so most turns only grow it).
+- ``..., sliding``: the same with ``eviction=PerItem()``, the window that moves at every
+  turn once full (as message and turn windows do by default): each turn commits the new
+  window start and makes a ``demoted`` event; no observer, callback handler or
+  instrumentation handler listens, so the events cost their making and one check for a
+  listener.
+- ``..., sliding + observer``: the same with a Demoter observer that counts events.
 
 Run alone with ``python -m bench.turn_cost``.
 """
@@ -207,12 +211,22 @@ def _observed(demoter: Any) -> None:
     demoter.observe(count)
 
 
-def demoting_history(history: Pairs, observed: bool = False) -> Callable[[int], object]:
-    from demote import Demoter, SlidingWindow
+def _policy(sliding: bool) -> Any:
+    from demote import PerItem, SlidingWindow
+
+    if sliding:
+        return SlidingWindow.last_tokens(BUDGET, eviction=PerItem())
+    return SlidingWindow.last_tokens(BUDGET)
+
+
+def demoting_history(
+    history: Pairs, observed: bool = False, sliding: bool = False
+) -> Callable[[int], object]:
+    from demote import Demoter
     from langchain_demote import DemotingChatMessageHistory
 
     inner, human = _lc(history)
-    demoter = Demoter(SlidingWindow.last_tokens(BUDGET))
+    demoter = Demoter(_policy(sliding))
     if observed:
         _observed(demoter)
     memory = DemotingChatMessageHistory(inner=inner, demoter=demoter, conversation_id="bench")
@@ -225,15 +239,16 @@ def demoting_history(history: Pairs, observed: bool = False) -> Callable[[int], 
     return turn
 
 
-def demoting_memory(history: Pairs, observed: bool = False) -> Callable[[int], object]:
+def demoting_memory(
+    history: Pairs, observed: bool = False, sliding: bool = False
+) -> Callable[[int], object]:
     from llama_index.core.llms import ChatMessage
 
-    from demote import SlidingWindow
     from llamaindex_demote import DemotingMemory
 
     memory = DemotingMemory.from_defaults(
         chat_history=_chat_messages(history),
-        policy=SlidingWindow.last_tokens(BUDGET),
+        policy=_policy(sliding),
         chat_store_key="bench",
     )
     if observed:
@@ -259,10 +274,19 @@ SETUPS: dict[str, tuple[Prepare, int | None]] = {
     "demote core (Demoter.load)": (demote_core, None),
     "DemotingChatMessageHistory": (demoting_history, None),
     "DemotingMemory": (demoting_memory, None),
-    # The same with an observer attached (events are made either way; this is their
-    # hand-off to the observer thread, which then competes for the GIL).
-    "DemotingChatMessageHistory + observer": (partial(demoting_history, observed=True), None),
-    "DemotingMemory + observer": (partial(demoting_memory, observed=True), None),
+    # The window that moves every turn (a commit and an event each), then the same with an
+    # observer attached (events are made either way; this is their hand-off to the
+    # observer thread, which then competes for the GIL).
+    "DemotingChatMessageHistory, sliding": (partial(demoting_history, sliding=True), None),
+    "DemotingMemory, sliding": (partial(demoting_memory, sliding=True), None),
+    "DemotingChatMessageHistory, sliding + observer": (
+        partial(demoting_history, observed=True, sliding=True),
+        None,
+    ),
+    "DemotingMemory, sliding + observer": (
+        partial(demoting_memory, observed=True, sliding=True),
+        None,
+    ),
 }
 FLOOR = "floor (list + cached counts)"
 
