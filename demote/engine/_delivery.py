@@ -361,18 +361,26 @@ class Delivery:
         with self.background_lock:
             self.background.discard(task)
 
-    def _late(self, hold: Hold) -> Flow[None]:
+    def _late(self, hold: Hold, failed: bool = False) -> Flow[None]:
         """Wait for a detached call to end, commit its batch if it succeeded, let go.
 
         ``hook_timeout`` bounds the wait for a sync call: once it runs out, the failure is
         recorded (backoff, event), and the call, which cannot be stopped, keeps the
         conversation busy until it ends; a late success still moves the watermark.
+        ``failed``: that failure was recorded already (by the flow this one took over).
+
+        A sync call runs on in its hook thread whatever becomes of the task that follows it:
+        if that task is cancelled (``asyncio.run`` cancels it when the load's event loop
+        closes), a thread follows the call on, holding the conversation, instead of
+        letting it go while the hook still runs (it would be handed over again, and its
+        success never committed).
         """
         detached = hold.detached
         assert detached is not None and detached.running is not None
         events: list[DemoteEvent] = []
         running, batch = detached.running, detached.batch
-        failed = running.timed_out
+        failed = failed or running.timed_out
+        handed = False
         try:
             try:
                 ended = yield Outcome(running, None if failed else running.deadline)
@@ -387,6 +395,9 @@ class Delivery:
                     self._late_failed(events, detached, exc)
                 yield from self.release(hold)
                 return
+            except GeneratorExit:  # the task following the call was cancelled
+                handed = self._follow_in_thread(hold, failed)
+                raise
             hold.detached = None  # the call ended: commit and release as usual
             yield from self._late_commit(hold, detached, events)
         except Exception as exc:  # the hook may hold the batch: the next delivery asks it
@@ -396,9 +407,24 @@ class Delivery:
                 "demote: recording a late delivery for %r failed: %r", batch.conversation_id, exc
             )
         finally:
-            hold.detached = None
-            self._free(hold)
+            if not handed:
+                hold.detached = None
+                self._free(hold)
             self._observers.publish(events)
+
+    def _follow_in_thread(self, hold: Hold, failed: bool) -> bool:
+        """Follow a detached sync call from a thread; ``False`` if it cannot be (or is a task)."""
+        detached = hold.detached
+        if detached is None or detached.running is None:
+            return False
+        if isinstance(detached.running.call, asyncio.Future):  # cancelled with its loop
+            return False
+        try:
+            Spawn(self._late(hold, failed), self.background, self.background_lock).run_sync()
+        except Exception as exc:  # no thread to be had: let the conversation go
+            logger.warning("demote: cannot follow a running hook call of %r: %r", hold, exc)
+            return False
+        return True
 
     def _strand(self, hold: Hold) -> None:
         """Leave the hold's lease, if still out, to the next load, which releases it first.

@@ -437,8 +437,10 @@ class Demoter(Closing):
 
         Background work is a summary being written, and a delivery that outlived
         ``hook_wait`` finishing (its commit or its retry). Async loads run theirs as
-        tasks: await :meth:`adrain` instead. Observers run on their own thread and are
-        not waited for.
+        tasks: await :meth:`adrain` instead; a sync hook call whose task was cancelled
+        (its event loop closed, as at the end of ``asyncio.run``) is followed on in a
+        thread, which this waits for. Observers run on their own thread and are not
+        waited for.
         """
         return self._delivery.drain(timeout)
 

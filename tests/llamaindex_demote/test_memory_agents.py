@@ -104,10 +104,10 @@ def run(
 ) -> tuple[DemotingMemory, CountingArchive, Demoter, list[list[ChatMessage]], list[int]]:
     """One FunctionAgent run; also returns the length of the memory's part of each call."""
     hook = CountingArchive(tmp_path / "archive.db")
-    # hook_wait=None: each load waits for its delivery. With the default 0.25 s, a
-    # delivery of 57 large results on a loaded machine outlives the load, and the event
-    # loop asyncio.run closes at the run's end abandons it, so it is made again.
-    demoter = Demoter(policy, hook, hook_wait=None)
+    # The default hook_wait: on a loaded machine the run's last load (which delivers what
+    # left the window) may stop waiting before the archive has it, and asyncio.run closes
+    # that load's event loop at the run's end; the call is followed on in a thread.
+    demoter = Demoter(policy, hook)
     memory = DemotingMemory.from_defaults(demoter=demoter, chat_store_key="agent")
     seen: list[list[ChatMessage]] = []
     parts: list[int] = []
@@ -124,6 +124,7 @@ def run(
     )
     answer = asyncio.run(running(agent, TASK, memory, steps + 10))
     assert str(answer) == "read it all"
+    assert demoter.drain(30), "a delivery that outlived its load ended"
     object.__setattr__(memory, "aget", original)
     return memory, hook, demoter, seen, parts
 

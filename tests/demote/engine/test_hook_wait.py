@@ -204,6 +204,28 @@ def test_hook_timeout_bounds_only_the_background_call() -> None:
     assert len(sink.keys) == 2
 
 
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_call_outliving_its_loads_event_loop_still_counts_once(kind: str, tmp_path: Path) -> None:
+    """``asyncio.run`` closes the loop of the load whose sync call outlived ``hook_wait``.
+
+    The call runs on in its hook thread: it keeps the conversation until it ends (a load
+    on the next loop hands nothing over again) and its success is committed, followed on a
+    thread once its loop is gone (``drain`` waits for it).
+    """
+    sink = SlowSink(0.6)
+    d = Demoter(SlidingWindow.last_messages(2), sink, state=_state(kind, tmp_path))
+    history = _turn(0) + _turn(1) + _turn(2)
+    w = asyncio.run(d.aload("c", history, describer(d)))
+    assert (w.start, w.pending, w.demoted) == (4, 4, 0), "the load did not wait for the call"
+    asyncio.run(d.aload("c", history, describer(d)))  # a new loop, the call still running
+    assert d.drain(10), "the call is followed to its end after its loop closed"
+    state = d.state_of("c")
+    assert (state.window_start, state.delivered) == (4, 4), "its late success was committed"
+    assert d._delivery.gates == {}, "the gate was let go"
+    assert sink.max_running == 1, "the conversation was not handed over twice at once"
+    _exactly_once(sink, d, "c", history)
+
+
 @pytest.mark.parametrize("sink_type", [SlowSink, AsyncSlowSink], ids=["sync-sink", "async-sink"])
 @pytest.mark.parametrize("hung", [False, True], ids=["slow", "hung"])
 async def test_async_loads_never_wait_on_a_slow_or_hung_sink(
