@@ -5,7 +5,10 @@ and produce the messages for the prompt. Each setup is prepared with a history o
 messages (alternating user/assistant, about 50 words each, a 4,000-token budget), then
 ``repeats`` turns are timed one by one; the table shows the median, and its ratio to the
 *floor* measured in the same run: a plain Python list plus token counts cached per message
-(append, then walk back from the end until the budget is spent).
+(append, then walk back from the end until the budget is spent). A fast setup (the floor,
+demote's) is timed in five rounds of 31 turns after 20 untimed ones, and the best round's
+median is its figure (a round a garbage collection or another process interrupted says
+little about the setup); a slow one, in one round.
 
 Setups:
 
@@ -37,6 +40,11 @@ Run alone with ``python -m bench.turn_cost``.
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -236,6 +244,7 @@ def demoting_history(
         memory.add_message(human(f"new message {i} " + history[i % len(history)][1]))
         return memory.messages
 
+    turn.close = demoter.close  # type: ignore[attr-defined]
     return turn
 
 
@@ -261,6 +270,7 @@ def demoting_memory(
         )
         return memory.get()
 
+    turn.close = memory.demoter.close  # type: ignore[attr-defined]
     return turn
 
 
@@ -289,6 +299,7 @@ SETUPS: dict[str, tuple[Prepare, int | None]] = {
     ),
 }
 FLOOR = "floor (list + cached counts)"
+ROUNDS = 5  # rounds of 31 turns for the fast setups (the floor included): the best median
 
 
 def repeats_for(n: int, quick: bool) -> int:
@@ -297,41 +308,90 @@ def repeats_for(n: int, quick: bool) -> int:
     return 15 if n <= 10_000 else 7
 
 
+def measure(name: str, n: int, *, quick: bool = False) -> float:
+    """Seconds per turn of setup ``name`` over a history of ``n`` messages (its figure).
+
+    Raises what the setup raises (``ImportError``: a package it needs is missing).
+    """
+    prepare, _ = SETUPS[name]
+    history = synthetic_chat(n)
+    gc.collect()
+    turn = prepare(history)
+    try:
+        turn(0)  # warm-up, not timed (a first turn may describe what it did not see yet)
+        t0 = time.perf_counter()
+        turn(1)  # how long a turn takes: a fast setup gets more of them
+        start, timed, rounds = 2, repeats_for(n, quick), 1
+        if not quick and time.perf_counter() - t0 < 0.005:
+            # Fast setups: let caches settle (the first turns after loading a long history
+            # re-describe it), then time the same number of turns at every size, in ROUNDS
+            # rounds: the best round's median (a round that a collection or another
+            # process interrupted is not the setup's cost).
+            for i in range(2, 21):
+                turn(i)
+            start, timed, rounds = 21, 31, ROUNDS
+        return min(median_seconds(turn, timed, start=start + k * timed) for k in range(rounds))
+    finally:
+        getattr(turn, "close", lambda: None)()
+
+
+def _isolated(name: str, n: int) -> float:
+    """:func:`measure` in a fresh interpreter (``python -m bench.turn_cost --measure``)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "bench.turn_cost", "--measure", name, "--n", str(n)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if "seconds" in answer:
+        return float(answer["seconds"])
+    if "missing" in answer:
+        raise ImportError(answer["missing"])
+    raise RuntimeError(
+        answer.get("error") or done.stderr.strip()[-300:] or f"exit {done.returncode}"
+    )
+
+
 def run(
     *,
     quick: bool = False,
     sizes: Sequence[int] | None = None,
     out: Path = RESULTS,
     quiet: bool = False,
+    isolate: bool | None = None,
 ) -> dict[str, Any]:
-    """Run the section; returns (and writes) its results."""
+    """Run the section; returns (and writes) its results.
+
+    ``isolate`` (the default but for ``quick``): each setup at each size is measured in
+    a process of its own (:func:`measure`), so no setup runs in a heap that another one
+    grew and fragmented (at 100,000 messages that alone made demote's turns a third
+    slower than alone), as a memory does in an application.
+    """
+    if isolate is None:
+        isolate = not quick
     began = time.perf_counter()
     sizes = tuple(sizes or (QUICK_SIZES if quick else SIZES))
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     medians: dict[str, dict[int, float]] = {}
     for n in sizes:
-        history = synthetic_chat(n)
-        reps = repeats_for(n, quick)
-        for name, (prepare, largest) in SETUPS.items():
+        for name, (_, largest) in SETUPS.items():
             if largest is not None and n > largest:
                 note = f"{name}: skipped at >= {largest + 1:,} messages (does not finish in time)"
                 if note not in notes:
                     notes.append(note)
                 continue
             try:
-                turn = prepare(list(history))
-                t0 = time.perf_counter()
-                turn(0)  # warm-up, not timed
-                start, timed = 1, reps
-                if not quick and time.perf_counter() - t0 < 0.005:
-                    # Fast setups: let caches settle (the first turns after loading a long
-                    # history re-describe it), then time the same number of turns at every size.
-                    for i in range(1, 21):
-                        turn(i)
-                    start, timed = 21, 31
-                seconds = median_seconds(turn, timed, start=start)
-                getattr(turn, "close", lambda: None)()
+                seconds = _isolated(name, n) if isolate else measure(name, n, quick=quick)
             except ImportError as exc:
                 note = f"{name}: skipped ({exc})"
                 if note not in notes:
@@ -426,7 +486,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.turn_cost")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", type=int, nargs="+")
+    parser.add_argument("--measure", metavar="SETUP", help="one setup, printed as JSON")
+    parser.add_argument("--n", type=int, default=1000, help="its history length")
     args = parser.parse_args(argv)
+    if args.measure is not None:  # what run() asks each fresh interpreter
+        try:
+            answer: dict[str, Any] = {"seconds": measure(args.measure, args.n)}
+        except ImportError as exc:
+            answer = {"missing": str(exc)}
+        except Exception as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer))
+        return
     print(report(run(quick=args.quick, sizes=args.sizes)))
 
 

@@ -197,7 +197,8 @@ class ViewCache:
                     records.append(vrecs[j] if 0 <= j < vn and vraws[j] is m else describe(m))
         left_base, left = (0, ()) if view is None else (view.left_base, view.left)
         if view is not None and 0 < lo - view.base <= len(view.records):
-            left = (*left, *map(_FINGERPRINT, view.records[: lo - view.base]))
+            gone = lo - view.base  # (only the newest of them are kept)
+            left = (*left, *map(_FINGERPRINT, view.records[max(0, gone - _LEFT_KEPT) : gone]))
             left = left[-_LEFT_KEPT:]
             left_base = lo - len(left)
         texts: dict[int, tuple[str, str, str]] = {}
