@@ -360,7 +360,7 @@ class Windows:
         anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
         delivered = p.deliver_from
         if self._noop:  # it keeps nothing, so it accepts everything at once
-            delivered = max(delivered, p.deliver.stop)
+            delivered = max(delivered, p.window_start, p.deliver_to)  # p.deliver.stop
         cleared = max(state.cleared, p.cleared)
         if (start, delivered, p.pinned, anchor, cleared) == (
             state.window_start,
@@ -419,7 +419,8 @@ class Windows:
         then: the bound wins, the content stays pending and is retried.
         """
         p, s = work.plan, state or work.target
-        pending = max(0, p.deliver.stop - max(s.delivered, p.pinned))
+        stop = max(p.window_start, p.deliver_to)  # p.deliver.stop, without a range
+        pending = max(0, stop - max(s.delivered, p.pinned))
         events = tuple(work.events) if work.events else ()
         messages = work.messages
         n = len(messages)
@@ -429,7 +430,8 @@ class Windows:
         else:
             head, kept = list(messages[: p.pinned]), list(messages[start:])
         # Does a kept message open a call? (``calls``: each id's latest opening in the region)
-        calls = p.index is None or any(map(start.__le__, p.index.calls.values()))
+        opened = None if p.index is None else p.index.calls
+        calls = opened is None or (bool(opened) and any(map(start.__le__, opened.values())))
         if p.opener is None and not (p.placeholders or p.clipped or p.overhang):
             summary, delivered = s.summary, s.delivered
             return _new_window(

@@ -55,7 +55,8 @@ class Work:
         Past the window start when results in the window are sent as placeholders
         (their content goes to the hook first).
         """
-        return max(self.target.window_start, self.plan.deliver.stop)
+        p = self.plan  # (p.deliver.stop, without making the range)
+        return max(self.target.window_start, p.window_start, p.deliver_to)
 
 
 @dataclass(slots=True, eq=False)

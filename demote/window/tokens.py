@@ -311,7 +311,10 @@ class TokenCache:
                 pass
             return hit
         counter = self._counter
-        if isinstance(counter, MessageCounter):
+        if counter is approximate_tokens and not (calls or blocks or answers or name):
+            # Text and role alone (most messages): billed_tokens' count, in one step.
+            tokens = -(-(len(text) + len(role or "")) // 4) + MESSAGE_OVERHEAD
+        elif isinstance(counter, MessageCounter):
             whole = message if message is not None else counter.text_message(text)
             tokens = _checked(counter.count_messages([whole]))
         else:
