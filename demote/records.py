@@ -204,12 +204,7 @@ def keys_of(conversation_id: str, records: Iterable[tuple[int, MessageRecord]]) 
     :func:`make_key` of each record's fingerprint, and of its legacy one when it has one
     (what an earlier release named it by), in order: what an erase must reach.
     """
-    keys: list[str] = []
-    for index, rec in records:
-        keys.append(make_key(conversation_id, index, rec.fingerprint))
-        if rec.legacy is not None:
-            keys.append(make_key(conversation_id, index, rec.legacy))
-    return keys
+    return [make_key(conversation_id, i, fp) for i, rec in records for fp in rec.fingerprints]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +245,13 @@ class MessageRecord:
     clipped_tokens: int | None = None
     legacy: str | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def fingerprints(self) -> tuple[str, ...]:
+        """Every fingerprint the message is known by: today's, then the :attr:`legacy` one."""
+        return (self.fingerprint,) if self.legacy is None else (self.fingerprint, self.legacy)
+
     def known_as(self, fp: str | None) -> bool:
-        """Is ``fp`` this message's fingerprint, today's or the :attr:`legacy` one?"""
+        """Is ``fp`` one of :attr:`fingerprints`?"""
         return fp == self.fingerprint or (self.legacy is not None and fp == self.legacy)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,14 @@ from demote.engine._views import ViewCache
 from demote.engine._work import Hold, Tally, Work
 from demote.engine.retry import RetryTracker
 from demote.events import DemoteEvent
-from demote.records import DemotedMessage, Demotion, MessageRecord, make_key, text_data
+from demote.records import (
+    DemotedMessage,
+    Demotion,
+    MessageRecord,
+    keys_of,
+    make_key,
+    text_data,
+)
 
 __all__ = ["Batches"]
 
@@ -69,13 +76,9 @@ class Batches:
             if self._probe:
                 # A message whose calls or blocks an earlier release fingerprinted without
                 # them was delivered under the key of its legacy fingerprint: ask for both.
-                legacy = {
-                    m.key: make_key(cid, m.index, rec.legacy)
-                    for m in out
-                    if (rec := records[m.index - base]).legacy is not None
-                }
-                held = yield HasKeys(self.hook, cid, [m.key for m in out] + list(legacy.values()))
-                out = [m for m in out if m.key not in held and legacy.get(m.key) not in held]
+                known = [keys_of(cid, [(m.index, records[m.index - base])]) for m in out]
+                held = yield HasKeys(self.hook, cid, [k for keys in known for k in keys])
+                out = [m for m, keys in zip(out, known, strict=True) if held.isdisjoint(keys)]
             else:
                 was = self._views.was_sent
                 out = [m for m in out if not was(cid, m.index, records[m.index - base].fingerprint)]

@@ -248,10 +248,7 @@ class ViewCache:
                 return view.left[j] == fp
         # This process has not seen it: the committed trail tells, as far as it reaches
         # (a trail an earlier release wrote holds the message's legacy fingerprint).
-        legacy = rec.legacy
-        return n < state.window_start and (
-            _trail_says(state, i, fp) or (legacy is not None and _trail_says(state, i, legacy))
-        )
+        return n < state.window_start and any(_trail_says(state, i, f) for f in rec.fingerprints)
 
 
 def record_at(

@@ -79,9 +79,11 @@ def test_a_record_with_calls_keeps_its_legacy_fingerprint_and_a_text_only_one_ha
     call = describer(d)(Msg("assistant", "", opens=("c1",)))
     assert call.legacy == fingerprint("assistant", "", ("c1",)) != call.fingerprint
     assert call.known_as(call.legacy) and call.known_as(call.fingerprint)
+    assert call.fingerprints == (call.fingerprint, call.legacy)
     assert not call.known_as(None) and not call.known_as("0" * 32)
     text = d.describe("user", "hi")
     assert text.legacy is None and text.known_as(text.fingerprint) and not text.known_as(None)
+    assert text.fingerprints == (text.fingerprint,)
     # Not part of what a record is: equal records whatever release named them.
     assert call == MessageRecord(call.role, call.text, call.fingerprint, call.tokens, call.opens)
     assert keys_of("t", [(1, call), (0, text)]) == [
