@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(BIN)/demote demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check demote langchain_demote llamaindex_demote tests bench docs
-	$(BIN)/ruff format --check demote langchain_demote llamaindex_demote tests bench docs
+	$(BIN)/ruff check demote langchain_demote llamaindex_demote tests bench docs tools
+	$(BIN)/ruff format --check demote langchain_demote llamaindex_demote tests bench docs tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -44,6 +44,7 @@ from bench import (  # noqa: E402
     llamaindex_agents,
     outage,
     pg_archive,
+    recall_cache,
     recall_cv,
     recall_locomo,
     step_cost,
@@ -54,6 +55,7 @@ from bench.common import RESULTS  # noqa: E402
 SECTIONS = {
     "1": "turn_cost",
     "2": "cache_cost",
+    "2r": "recall_cache",  # injected recall in a cached chat: bill and recall hits
     "3": "recall",
     "3b": "recall_cv",  # the same protocol, leave-one-conversation-out
     "3c": "agent_recall",  # the recall tool's first search, on agent traces
@@ -97,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(
                 cache_cost.report(cache_cost.run(quick=args.quick, out=args.out, quiet=args.quiet))
             )
+        elif name == "recall_cache":
+            print(recall_cache.report(recall_cache.run(quick=args.quick, out=args.out)))
         elif name == "capture":
             print(
                 capture_scale.report(

@@ -32,6 +32,18 @@ and returns numbers. The definitions are issue 29's, implemented exactly:
   pooled share over all kept pieces of all its calls (the headline); the mean of the
   per-run shares is reported beside it. No memory sends everything before call ``k``,
   so it scores 100% by construction.
+- **Grounded in context** (issue 36, beside grounded in :class:`Grounding`): a kept piece
+  counts only where it is sent within :data:`CONTEXT_CHARS` (60) characters of a *word*
+  that stood within 60 characters of it in the tool result it came from. A word is a
+  maximal run of 4 or more ASCII letters, compared without case, outside the piece's own
+  occurrence (a word the identifier holds is not its context). The tool result it came
+  from is the one where it first appears in the run (the same one that makes it kept);
+  its words are those near any of its occurrences there. The piece counts when any of its
+  occurrences in what call ``k`` is sent has one of them within 60 characters: the gap
+  between the word and the occurrence is at most 60 characters (:func:`context_words`).
+  So ``ZFA04Y 8JD3KQ /srv/app/x.py`` in a bare list is grounded, not in context;
+  ``reservation ZFA04Y`` is both, where the result said ``"reservation": "ZFA04Y"``.
+  No memory sends each result as it was, so it scores 100% here too.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from demote.cli.cachecost import ANTHROPIC, OPENAI_AUTO, CacheMeter, Pricing
 from langchain_demote.provider_rules import violations
 
 __all__ = [
+    "CONTEXT_CHARS",
     "PRICINGS",
     "Checker",
     "Counter",
@@ -58,6 +71,7 @@ __all__ = [
     "billed",
     "call_pieces",
     "call_tokens",
+    "context_words",
     "grounded",
     "message_key",
     "message_text",
@@ -73,6 +87,11 @@ PRICINGS: dict[str, Pricing] = {"anthropic": ANTHROPIC, "openai": OPENAI_AUTO}
 _SPLIT = re.compile(r"[\s'\",;:()\[\]{}<>=|]+")
 _MARK = re.compile(r"[0-9/_.@-]")
 _JOIN = "\x00"  # between messages: no piece spans two of them
+
+#: How near (in characters) a word must stand to an identifier to be its context.
+CONTEXT_CHARS = 60
+_WORD = re.compile(r"[A-Za-z]{4,}")
+_REACH = CONTEXT_CHARS + 40  # a word that ends within the gap is read whole
 
 
 def _content_text(content: Any) -> str:
@@ -268,6 +287,51 @@ class Checker:
         return sum(bool(self.violations(r)) for r in requests)
 
 
+def _words_near(text: str, at: int, end: int) -> Iterator[str]:
+    """The words (lower case) within :data:`CONTEXT_CHARS` of ``text[at:end]``, outside it."""
+    lo = max(0, at - _REACH)
+    for m in _WORD.finditer(text, lo, at):
+        if m.end() >= at - CONTEXT_CHARS and not (
+            m.start() == lo and lo and text[lo - 1].isalpha()
+        ):
+            yield m.group().lower()
+    hi = min(len(text), end + _REACH)
+    for m in _WORD.finditer(text, end, hi):
+        if m.start() > end + CONTEXT_CHARS:
+            break
+        if not (m.end() == hi and hi < len(text) and text[hi].isalpha()):
+            yield m.group().lower()
+
+
+def _occurrences(text: str, piece: str) -> Iterator[int]:
+    at = text.find(piece)
+    while at >= 0:
+        yield at
+        at = text.find(piece, at + 1)
+
+
+def context_words(text: str, piece: str) -> frozenset[str]:
+    """The words standing within :data:`CONTEXT_CHARS` of any occurrence of ``piece`` in ``text``.
+
+    A word is a maximal run of 4 or more ASCII letters, lower-cased; the letters of the
+    occurrence itself are not read (an identifier is not its own context).
+    """
+    return frozenset(
+        w for at in _occurrences(text, piece) for w in _words_near(text, at, at + len(piece))
+    )
+
+
+def _in_context(text: str, piece: str, words: frozenset[str]) -> bool:
+    """Does some occurrence of ``piece`` in ``text`` stand within reach of one of ``words``?"""
+    if not words:
+        return False
+    return any(
+        w in words
+        for at in _occurrences(text, piece)
+        for w in _words_near(text, at, at + len(piece))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Grounding:
     """Grounding of one run under one setup.
@@ -276,23 +340,31 @@ class Grounding:
         found: Kept pieces that occur in what their call was sent.
         pieces: Kept pieces (those first seen in a tool result), over all calls.
         per_call: ``(found, pieces)`` of each model call, in order.
+        in_context: Kept pieces sent within reach of a word that stood beside them in
+            the tool result they came from (see the module docstring).
     """
 
     found: int
     pieces: int
     per_call: tuple[tuple[int, int], ...]
+    in_context: int = 0
 
     @property
     def share(self) -> float | None:
         """``found / pieces``; ``None`` when no call copied anything from a result."""
         return self.found / self.pieces if self.pieces else None
 
+    @property
+    def context_share(self) -> float | None:
+        """``in_context / pieces``; ``None`` when no call copied anything from a result."""
+        return self.in_context / self.pieces if self.pieces else None
+
 
 class _FirstSeen:
     """Where each piece first appears in a run: in a tool result or elsewhere."""
 
     def __init__(self, run: Sequence[BaseMessage]) -> None:
-        texts = [message_text(m) for m in run]
+        self._texts = texts = [message_text(m) for m in run]
         self._types = [m.type for m in run]
         self._starts: list[int] = []
         at = 0
@@ -300,14 +372,28 @@ class _FirstSeen:
             self._starts.append(at)
             at += len(t) + len(_JOIN)
         self._text = _JOIN.join(texts)
-        self._cache: dict[str, bool] = {}
+        self._cache: dict[str, int | None] = {}
+        self._words: dict[str, frozenset[str]] = {}
+
+    def _source(self, piece: str) -> int | None:
+        """Index of the tool result where ``piece`` first appears (``None``: elsewhere)."""
+        if piece in self._cache:
+            return self._cache[piece]
+        at = self._text.find(piece)
+        index = bisect.bisect_right(self._starts, at) - 1
+        hit = self._cache[piece] = index if at >= 0 and self._types[index] == "tool" else None
+        return hit
 
     def in_tool_result(self, piece: str) -> bool:
-        hit = self._cache.get(piece)
+        return self._source(piece) is not None
+
+    def words(self, piece: str) -> frozenset[str]:
+        """The words beside ``piece`` in the tool result it came from."""
+        hit = self._words.get(piece)
         if hit is None:
-            at = self._text.find(piece)
-            index = bisect.bisect_right(self._starts, at) - 1
-            hit = self._cache[piece] = at >= 0 and self._types[index] == "tool"
+            source = self._source(piece)
+            text = "" if source is None else self._texts[source]
+            hit = self._words[piece] = context_words(text, piece)
         return hit
 
 
@@ -326,15 +412,19 @@ def grounded(
     """
     first = _FirstSeen(run)
     per_call: list[tuple[int, int]] = []
+    in_context = 0
     for answer, request in zip(answers, requests, strict=False):
         kept = [p for p in call_pieces(answer) if first.in_tool_result(p)]
         if not kept:
             per_call.append((0, 0))
             continue
         sent = _JOIN.join(message_text(m) for m in request)
-        per_call.append((sum(p in sent for p in kept), len(kept)))
+        present = [p for p in kept if p in sent]
+        in_context += sum(_in_context(sent, p, first.words(p)) for p in present)
+        per_call.append((len(present), len(kept)))
     return Grounding(
         found=sum(f for f, _ in per_call),
         pieces=sum(n for _, n in per_call),
         per_call=tuple(per_call),
+        in_context=in_context,
     )

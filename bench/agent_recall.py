@@ -48,7 +48,7 @@ from demote import Demoter, SlidingWindow
 from demote.archive.recall_tool import RecallOptions, answer
 from demote.archive.render import CUT_MARK
 from demote.archive.sqlite import SQLiteArchive
-from demote.backends.flow import drive_sync
+from demote.flow import drive_sync
 
 SERVICES = ("api", "billing", "search", "auth", "worker", "gateway", "ledger", "notify")
 KEYS = (

@@ -47,10 +47,30 @@ from typing import Any
 from bench import agent_metrics as metrics
 from bench.agent_run import AgentRun, ScriptedModel, SummaryModel, replay
 from bench.common import RESULTS, environment, progress, table, write_json
-from bench.real_traces import RealTrace, chain, load, traces_dir
+from bench.real_traces import (
+    RealTrace,
+    chain,
+    held_out,
+    load,
+    sessions_dir,
+    shown,
+    traces_dir,
+)
 
 SECTION = "agents_real"
 LIMITS = (4_000, 8_000)
+#: The long sessions' limits (issue 36).
+SESSION_LIMITS = (4_000, 8_000, 16_000, 32_000)
+#: The setups run on the long sessions (trim_messages is left out: it sends invalid
+#: requests, section 7's short runs show it).
+SESSION_SETUPS = (
+    "demote",
+    "demote PerItem",
+    "demote Bulk L/2+L/2",
+    "demote clearing (README)",
+    "SummarizationMiddleware",
+    "ContextEditingMiddleware",
+)
 BASELINE = "no memory"
 SUMMARY_TEXT = "Summary of the work so far: " + "the agent read files and ran commands; " * 20
 
@@ -63,6 +83,7 @@ class Prepared:
     before_reply: Callable[[], None] | None = None
     summarizers: list[SummaryModel] = field(default_factory=list)
     close: Callable[[], None] | None = None
+    overhangs: list[int] = field(default_factory=list)  # each overhang event's tokens
 
 
 Setup = Callable[[int, Path], Prepared]
@@ -75,13 +96,27 @@ def _demote(policy: Callable[[int], Any]) -> Setup:
 
         archive = SQLiteArchive(str(tmp / "archive.db"))
         demoter = Demoter(policy(limit), archive)
+        overhangs: list[int] = []
+
+        def seen(event: Any) -> None:
+            if event.kind == "overhang":
+                overhangs.append(event.tokens_after)
+
+        unsubscribe = demoter.observe(seen)
 
         def close() -> None:
+            demoter.drain(30)
+            unsubscribe()
             demoter.close()
             archive.close()
 
         # Every delivery is waited for before the model answers, so runs repeat exactly.
-        return Prepared([DemotingMiddleware(demoter)], lambda: demoter.drain(30), close=close)
+        return Prepared(
+            [DemotingMiddleware(demoter)],
+            lambda: demoter.drain(30),
+            close=close,
+            overhangs=overhangs,
+        )
 
     return make
 
@@ -151,8 +186,13 @@ SETUPS: dict[str, Setup] = {
 }
 
 
-def run_one(trace: RealTrace, setup: Setup, limit: int) -> tuple[AgentRun, list[Any], float]:
-    """Replay ``trace`` under one setup; the run, the summarizers' requests, seconds."""
+def run_one(
+    trace: RealTrace, setup: Setup, limit: int, overhangs: list[int] | None = None
+) -> tuple[AgentRun, list[Any], float]:
+    """Replay ``trace`` under one setup; the run, the summarizers' requests, seconds.
+
+    ``overhangs`` receives the tokens of each ``overhang`` event a demote setup fired.
+    """
     with tempfile.TemporaryDirectory(prefix="demote-bench-") as tmp:
         prepared = setup(limit, Path(tmp))
         began = time.perf_counter()
@@ -171,6 +211,8 @@ def run_one(trace: RealTrace, setup: Setup, limit: int) -> tuple[AgentRun, list[
             if prepared.close is not None:
                 prepared.close()
         seconds = time.perf_counter() - began
+        if overhangs is not None:
+            overhangs.extend(prepared.overhangs)
     # A summary made for the model call after the recording ends answered nothing.
     summaries = [r for s in prepared.summarizers for r in s.seen][: marks[-1] if marks else 0]
     return run, summaries, seconds
@@ -194,7 +236,9 @@ def measure(
         "billed": metrics.run_billed(run.requests, summaries, tools=run.tools, count=count),
         "summary_calls": len(summaries),
         "found": ground.found,
+        "in_context": ground.in_context,
         "pieces": ground.pieces,
+        "worst_over": max((s - limit for s in sizes if s > limit), default=0),
     }
 
 
@@ -213,6 +257,8 @@ def aggregate(label: str, limit: int, rows: Sequence[dict[str, Any]]) -> dict[st
         "over": sum(r["over"] for r in rows),
         "over_share": sum(r["over"] for r in rows) / calls if calls else 0.0,
         "invalid": sum(r["invalid"] for r in rows),
+        "worst_over": max(r.get("worst_over", 0) for r in rows),
+        "overhang_events": sum(r.get("overhang_events", 0) for r in rows),
         "summary_calls": sum(r["summary_calls"] for r in rows),
         "seconds": sum(r["seconds"] for r in rows),
     }
@@ -225,21 +271,22 @@ def aggregate(label: str, limit: int, rows: Sequence[dict[str, Any]]) -> dict[st
         )
     pieces = sum(r["pieces"] for r in rows)
     out["grounded"] = sum(r["found"] for r in rows) / pieces if pieces else None
+    out["grounded_context"] = sum(r["in_context"] for r in rows) / pieces if pieces else None
     shares = [r["found"] / r["pieces"] for r in rows if r["pieces"]]
     out["grounded_run_mean"] = statistics.fmean(shares) if shares else None
     out["pieces"] = pieces
     return out
 
 
-def bench(
+def runs(
     traces: Sequence[RealTrace],
     limits: Sequence[int],
     setups: Sequence[str],
     *,
     quiet: bool = False,
     desc: str = "",
-) -> list[dict[str, Any]]:
-    """Every setup at every limit over ``traces``; one aggregated row per (limit, setup)."""
+) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    """Every setup at every limit over ``traces``: each run's figures, by (limit, setup)."""
     wanted = [s for s in SETUPS if s in setups or s == BASELINE]
     per: dict[tuple[int, str], list[dict[str, Any]]] = {}
     log = logging.getLogger("demote")
@@ -254,17 +301,56 @@ def bench(
                     if label == BASELINE and base is not None:
                         row = dict(per[(limits[0], BASELINE)][-1])
                         row.update(metrics.size_stats(row["sizes"], limit), limit=limit)
+                        row["worst_over"] = max(
+                            (s - limit for s in row["sizes"] if s > limit), default=0
+                        )
                     else:
-                        run, summaries, seconds = run_one(trace, SETUPS[label], limit)
+                        overhangs: list[int] = []
+                        run, summaries, seconds = run_one(trace, SETUPS[label], limit, overhangs)
                         row = measure(trace, run, summaries, limit, checker)
                         row.update(trace=trace.name, limit=limit, seconds=seconds)
+                        row["overhang_events"] = len(overhangs)
+                    row["held_out"] = held_out(trace)
                     if label == BASELINE:
                         base = row["billed"]
                     row["base_billed"] = base
                     per.setdefault((limit, label), []).append(row)
     finally:
         log.setLevel(level)
-    return [aggregate(label, limit, per[(limit, label)]) for limit in limits for label in wanted]
+    return per
+
+
+def bench(
+    traces: Sequence[RealTrace],
+    limits: Sequence[int],
+    setups: Sequence[str],
+    *,
+    quiet: bool = False,
+    desc: str = "",
+) -> list[dict[str, Any]]:
+    """Every setup at every limit over ``traces``; one aggregated row per (limit, setup)."""
+    per = runs(traces, limits, setups, quiet=quiet, desc=desc)
+    return [aggregate(label, limit, rows) for (limit, label), rows in _ordered(per)]
+
+
+def _ordered(
+    per: dict[tuple[int, str], list[dict[str, Any]]],
+) -> list[tuple[tuple[int, str], list[dict[str, Any]]]]:
+    """``per``'s items by limit, then in :data:`SETUPS` order."""
+    order = {label: i for i, label in enumerate(SETUPS)}
+    return sorted(per.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))
+
+
+def split(per: dict[tuple[int, str], list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Aggregated rows over all runs, the tuned ones and the held-out ones (issue 36)."""
+    out: dict[str, list[dict[str, Any]]] = {"all": [], "tuned": [], "held out": []}
+    for (limit, label), rows in _ordered(per):
+        out["all"].append(aggregate(label, limit, rows))
+        for part, held in (("tuned", False), ("held out", True)):
+            some = [r for r in rows if r["held_out"] is held]
+            if some:
+                out[part].append(aggregate(label, limit, some))
+    return out
 
 
 def run(
@@ -276,15 +362,16 @@ def run(
     setups: Sequence[str] | None = None,
     directory: Path | None = None,
     long_runs: bool = True,
+    sessions: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the section (dev set and long runs); returns (and writes) its results."""
+    """Run the section (dev set, long runs, long sessions); returns (and writes) it."""
     began = time.perf_counter()
     traces, skipped = load(directory, limit=2 if quick else None)
     limits = tuple(limits or ((4_000,) if quick else LIMITS))
     setups = list(setups or SETUPS)
     payload: dict[str, Any] = {
         "section": SECTION,
-        "data": str(directory or traces_dir()),
+        "data": shown(directory or traces_dir()),
         "limits": list(limits),
         "quick": quick,
         "skipped": skipped,
@@ -295,6 +382,11 @@ def run(
         chained = chain(traces)
         payload["long_traces"] = [t.summary() for t in chained]
         payload["long_rows"] = bench(chained, limits, setups, quiet=quiet, desc="long runs")
+    folder = sessions or sessions_dir()
+    if folder.is_dir():
+        payload.update(
+            long_sessions(folder, quick=quick, quiet=quiet, setups=setups if sessions else None)
+        )
     payload["seconds"] = time.perf_counter() - began
     payload["environment"] = environment()
     write_json(SECTION, payload, out)
@@ -302,8 +394,43 @@ def run(
     return payload
 
 
+def long_sessions(
+    folder: Path,
+    *,
+    quick: bool = False,
+    quiet: bool = False,
+    limits: Sequence[int] | None = None,
+    setups: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The long sessions (issue 36): every session setup at every session limit.
+
+    Rows over all sessions, the tuned ones and the held-out ones (:func:`split`). Quick: one
+    session, at 4,000 tokens, the default and no memory.
+    """
+    began = time.perf_counter()
+    traces, skipped = load(folder, limit=1 if quick else None)
+    limits = tuple(limits or ((4_000,) if quick else SESSION_LIMITS))
+    chosen = list(setups or (("demote",) if quick else SESSION_SETUPS))
+    per = runs(traces, limits, chosen, quiet=quiet, desc="long sessions")
+    parts = split(per)
+    return {
+        "sessions_data": shown(folder),
+        "session_limits": list(limits),
+        "sessions_skipped": skipped,
+        "sessions": [{**t.summary(), "held_out": held_out(t)} for t in traces],
+        "session_rows": parts["all"],
+        "session_rows_tuned": parts["tuned"],
+        "session_rows_held_out": parts["held out"],
+        "sessions_seconds": time.perf_counter() - began,
+    }
+
+
 def plot(payload: dict[str, Any], out: Path = RESULTS) -> Path | None:
-    """Billed (Anthropic) against grounded, per setup and limit; None without matplotlib."""
+    """Billed (Anthropic) against grounded in context, per setup and limit (issue 36).
+
+    One panel per set (the short development runs, the chained long runs, the long
+    sessions); None without matplotlib.
+    """
     try:
         import matplotlib
 
@@ -311,19 +438,22 @@ def plot(payload: dict[str, Any], out: Path = RESULTS) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    tables = [("development set", payload["rows"])]
+    tables = [("short development runs", payload["rows"])]
     if payload.get("long_rows"):
         tables.append(("long runs (chained)", payload["long_rows"]))
+    if payload.get("session_rows"):
+        tables.append(("long sessions", payload["session_rows"]))
     fig, axes = plt.subplots(1, len(tables), figsize=(6.5 * len(tables), 5), squeeze=False)
-    markers = {limit: m for limit, m in zip(payload["limits"], "os^D", strict=False)}
+    limits = sorted({r["limit"] for _, rows in tables for r in rows})
+    markers = {limit: m for limit, m in zip(limits, "os^D", strict=False)}
+    # One color per setup across the panels (the legend is the last panel's).
+    colors = {s: plt.get_cmap("tab10")(i) for i, s in enumerate(SETUPS)}
     for ax, (title, rows) in zip(axes[0], tables, strict=True):
-        labels = list(dict.fromkeys(r["setup"] for r in rows))
-        colors = {s: plt.get_cmap("tab10")(i) for i, s in enumerate(labels)}
         for r in rows:
-            if r["grounded"] is None:
+            if r.get("grounded_context") is None:
                 continue
             ax.scatter(
-                100 * r["grounded"],
+                100 * r["grounded_context"],
                 r["billed_anthropic"],
                 color=colors[r["setup"]],
                 marker=markers[r["limit"]],
@@ -331,7 +461,7 @@ def plot(payload: dict[str, Any], out: Path = RESULTS) -> Path | None:
                 label=f"{r['setup']} @ {r['limit']:,}",
             )
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("grounded (% of copied pieces still sent)")
+        ax.set_xlabel("grounded in context (% of copied pieces sent beside their words)")
         ax.set_ylabel("billed vs no memory (Anthropic caching)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -349,6 +479,8 @@ COLUMNS = [
     ("peak_x", "peak/limit", ".2f"),
     ("p95", "p95", ",.0f"),
     ("over", "over limit", ","),
+    ("over_pct", "(%)", ".1f"),
+    ("worst_over", "worst excess", ","),
     ("invalid", "invalid", ","),
     ("billed_anthropic", "billed Anthropic", ".2f"),
     ("billed_anthropic_total", "(total)", ".2f"),
@@ -356,6 +488,7 @@ COLUMNS = [
     ("billed_openai_total", "(total)", ".2f"),
     ("grounded_pct", "grounded", ".1f"),
     ("grounded_run_pct", "(run mean)", ".1f"),
+    ("context_pct", "in context", ".1f"),
 ]
 
 
@@ -368,6 +501,10 @@ def _tables(rows: Sequence[dict[str, Any]], limits: Sequence[int]) -> list[str]:
                 "grounded_pct": None if r["grounded"] is None else 100 * r["grounded"],
                 "grounded_run_pct": (
                     None if r["grounded_run_mean"] is None else 100 * r["grounded_run_mean"]
+                ),
+                "over_pct": 100 * r["over_share"],
+                "context_pct": (
+                    None if r.get("grounded_context") is None else 100 * r["grounded_context"]
                 ),
             }
             for r in rows
@@ -393,6 +530,18 @@ def report(payload: dict[str, Any]) -> str:
         )
         lines += ["", f"### Long runs (dev runs chained: {sizes})"]
         lines += _tables(payload["long_rows"], payload["limits"])
+    if payload.get("session_rows"):
+        held = sum(t["held_out"] for t in payload["sessions"])
+        n = len(payload["sessions"])
+        for key, title in (
+            ("session_rows", f"all {n}"),
+            ("session_rows_tuned", f"the {n - held} tuned on"),
+            ("session_rows_held_out", f"the {held} held out of tuning"),
+        ):
+            if payload.get(key):
+                lines += ["", f"### Long sessions ({title})"]
+                lines += _tables(payload[key], payload["session_limits"])
+        lines.append(f"(long sessions: {payload['sessions_seconds']:.0f} s)")
     lines.append(f"({payload['seconds']:.0f} s)")
     return "\n".join(lines)
 
@@ -405,6 +554,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--setup", nargs="+", default=None, help=f"setups to run (default all): {list(SETUPS)}"
     )
     parser.add_argument("--long", action="store_true", help="the chained long runs too")
+    parser.add_argument(
+        "--sessions", action="store_true", help="the long sessions (issue 36) instead of the runs"
+    )
+    parser.add_argument("--session-limit", type=int, nargs="+", default=list(SESSION_LIMITS))
     parser.add_argument("--runs", type=int, default=None, help="only the first N runs")
     parser.add_argument("--data", type=Path, default=None, help="the traces' directory")
     parser.add_argument("--out", type=Path, default=None, help="write JSON and PNG here")
@@ -414,6 +567,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown setups {sorted(unknown)}; choose from {list(SETUPS)}")
     began = time.perf_counter()
+    if args.sessions:
+        payload = long_sessions(
+            args.data or sessions_dir(),
+            quiet=args.quiet,
+            limits=args.session_limit,
+            setups=args.setup,
+        )
+        payload.update(limits=[], skipped={}, traces=[], rows=[])
+        payload["seconds"] = time.perf_counter() - began
+        if args.out is not None:
+            write_json(SECTION, payload, args.out)
+            plot(payload, args.out)
+        print(report(payload))
+        return
     traces, skipped = load(args.data, limit=args.runs)
     setups = args.setup or list(SETUPS)
     payload: dict[str, Any] = {

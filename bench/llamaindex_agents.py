@@ -55,7 +55,7 @@ from langchain_core.messages import (
 from bench import agent_metrics as metrics
 from bench import agents_real
 from bench.common import RESULTS, environment, progress, table, write_json
-from bench.real_traces import RealTrace, load, traces_dir
+from bench.real_traces import RealTrace, held_out, load, sessions_dir, shown, traces_dir
 
 SECTION = "llamaindex_agents"
 LIMITS = (4_000, 8_000)
@@ -283,8 +283,10 @@ def measure(
         "billed": metrics.run_billed(requests, [], tools=tools, count=checker.count),
         "summary_calls": 0,
         "found": ground.found,
+        "in_context": ground.in_context,
         "pieces": ground.pieces,
         "replayed": len(requests),
+        "worst_over": max((s - limit for s in sizes if s > limit), default=0),
     }
 
 
@@ -348,33 +350,71 @@ def run(
     limits = tuple(limits or ((4_000,) if quick else LIMITS))
     payload: dict[str, Any] = {
         "section": SECTION,
-        "data": str(directory or traces_dir()),
+        "data": shown(directory or traces_dir()),
         "limits": list(limits),
         "quick": quick,
         "skipped": skipped,
         "traces": [t.summary() for t in traces],
         "rows": bench(traces, limits, list(setups or SETUPS), quiet=quiet),
     }
+    if sessions_dir().is_dir():
+        payload.update(long_sessions(sessions_dir(), quick=quick, quiet=quiet))
     payload["seconds"] = time.perf_counter() - began
     payload["environment"] = environment()
     write_json(SECTION, payload, out)
     return payload
 
 
+def long_sessions(folder: Path, *, quick: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """The long sessions (issue 36) through ``DemotingLLM``: the default and no memory.
+
+    At section 7's session limits, reported for the sessions tuned on and those held out
+    apart (the LangChain path's figures are section 7's). Quick: one session at 4,000.
+    """
+    began = time.perf_counter()
+    traces, _ = load(folder, limit=1 if quick else None)
+    limits = (4_000,) if quick else agents_real.SESSION_LIMITS
+    out: dict[str, Any] = {"session_limits": list(limits)}
+    for key, held in (("session_rows_tuned", False), ("session_rows_held_out", True)):
+        part = [t for t in traces if held_out(t) is held]
+        out[key] = bench(part, limits, ["demote"], quiet=quiet, langchain=False) if part else []
+        out[key.replace("rows", "runs")] = len(part)
+    out["sessions_seconds"] = time.perf_counter() - began
+    return out
+
+
 COLUMNS = [c for c in agents_real.COLUMNS if c[0] != "grounded_run_pct"]
+
+
+def _tables(rows: Sequence[dict[str, Any]], limits: Sequence[int]) -> list[str]:
+    lines: list[str] = []
+    for limit in limits:
+        shown = [
+            {
+                **r,
+                "grounded_pct": None if r["grounded"] is None else 100 * r["grounded"],
+                "over_pct": 100 * r["over_share"],
+                "context_pct": (
+                    None if r.get("grounded_context") is None else 100 * r["grounded_context"]
+                ),
+            }
+            for r in rows
+            if r["limit"] == limit
+        ]
+        lines += ["", f"limit {limit:,} tokens", "", table(shown, COLUMNS)]
+    return lines
 
 
 def report(payload: dict[str, Any]) -> str:
     """The section's tables as Markdown."""
     n = len(payload["traces"])
     lines = [f"## 7l. LlamaIndex FunctionAgent on the recorded runs ({n} runs replayed)"]
-    for limit in payload["limits"]:
-        shown = [
-            {**r, "grounded_pct": None if r["grounded"] is None else 100 * r["grounded"]}
-            for r in payload["rows"]
-            if r["limit"] == limit
-        ]
-        lines += ["", f"limit {limit:,} tokens", "", table(shown, COLUMNS)]
+    lines += _tables(payload["rows"], payload["limits"])
+    for key, title in (("session_rows_tuned", "tuned on"), ("session_rows_held_out", "held out")):
+        if payload.get(key):
+            n = payload[key.replace("rows", "runs")]
+            lines += ["", f"### Long sessions through DemotingLLM ({n} {title})"]
+            lines += _tables(payload[key], payload["session_limits"])
     lines.append(f"({payload['seconds']:.0f} s)")
     return "\n".join(lines)
 

@@ -24,6 +24,10 @@ Redis and PostgreSQL come from ``DEMOTE_BENCH_REDIS_URL`` / ``DEMOTE_BENCH_POSTG
 (else ``DEMOTE_TEST_*_URL``); a store without one is skipped, and says so. Keys go under a
 fresh prefix, tables are fresh; both are removed afterwards.
 
+The same four runs are made with the store taken away before it is made (*at boot*: a
+worker that starts while its store is down): the chat starts in the outage, the store's
+tables are made by the first call that reaches it, and *before* is empty.
+
 Other scenarios (a slow sink) plug in through :data:`SCENARIOS`: a function of
 ``(quick, quiet)`` returning rows with the same keys.
 
@@ -154,15 +158,21 @@ def _describe(demoter: Demoter) -> Callable[[tuple[str, str]], MessageRecord]:
     return lambda m: demoter.describe(m[0], m[1])
 
 
-def _scenario(kind: str, how: str, quick: bool, quiet: bool) -> dict[str, Any]:
-    """One steady chat through one outage: the row of the table."""
+def _scenario(kind: str, how: str, quick: bool, quiet: bool, boot: bool = False) -> dict[str, Any]:
+    """One steady chat through one outage: the row of the table.
+
+    With ``boot``, the store is taken away before it is made (a worker that starts while
+    its store is down): the chat starts in the outage, and "before" is empty.
+    """
     url = _url(kind)
-    label = f"{kind} state, {how}"
+    label = f"{kind} state, {how}" + (" at boot" if boot else "")
     if url is None:
         return {"setup": label, "skipped": f"DEMOTE_BENCH_{kind.upper()}_URL not set"}
     s = _settings(quick)
     port = urlsplit(url).port or (6379 if kind == "redis" else 5432)
     proxy = TcpProxy(port).start()
+    if boot:
+        proxy.down() if how == "cut" else proxy.blackhole()
     store, cleanup = _open(kind, url, proxy)
     sink = Sink()
     demoter = Demoter(POLICY, sink, state=store)
@@ -193,9 +203,11 @@ def _scenario(kind: str, how: str, quick: bool, quiet: bool) -> dict[str, Any]:
     try:
         for t in threads:
             t.start()
-        time.sleep(s["before"])
-        marks["down"] = time.monotonic() - began
-        proxy.down() if how == "cut" else proxy.blackhole()
+        marks["down"] = 0.0  # at boot, the chat starts in the outage
+        if not boot:
+            time.sleep(s["before"])
+            proxy.down() if how == "cut" else proxy.blackhole()
+            marks["down"] = time.monotonic() - began
         time.sleep(s["outage"])
         marks["up"] = time.monotonic() - began
         proxy.restore()
@@ -270,10 +282,19 @@ def _state_outages(quick: bool, quiet: bool) -> list[dict[str, Any]]:
     ]
 
 
+def _boot_outages(quick: bool, quiet: bool) -> list[dict[str, Any]]:
+    return [
+        _scenario(kind, how, quick, quiet, boot=True)
+        for kind in ("redis", "postgres")
+        for how in ("cut", "black hole")
+    ]
+
+
 #: The scenarios of this section, in order: each returns rows with the keys above.
 #: A slow-sink scenario registers itself here (``SCENARIOS["slow sink"] = fn``).
 SCENARIOS: dict[str, Callable[[bool, bool], list[dict[str, Any]]]] = {
     "state store": _state_outages,
+    "state store down at boot": _boot_outages,
 }
 
 

@@ -38,15 +38,52 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.utils import count_tokens_approximately
 
-__all__ = ["DEFAULT_DIR", "RealTrace", "Segment", "chain", "load", "parse", "traces_dir"]
+__all__ = [
+    "DEFAULT_DIR",
+    "HELD_OUT",
+    "SESSIONS_DIR",
+    "RealTrace",
+    "Segment",
+    "chain",
+    "held_out",
+    "load",
+    "parse",
+    "sessions_dir",
+    "shown",
+    "traces_dir",
+]
 
 #: ``shared/data/agent_traces`` beside the project's checkout (CI has ``shared/`` there).
 DEFAULT_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "agent_traces"
 
 
+#: ``shared/data/agent_sessions`` (long sessions, issue 36) beside the project's checkout.
+SESSIONS_DIR = DEFAULT_DIR.parent / "agent_sessions"
+
+#: Owners of the session repositories kept out of tuning (issue 36): the development
+#: sessions are split by owner (crc32 of the lower-cased owner, bucket 1 of 4), so the
+#: figures of these say how the window generalises to repositories it was not tuned on.
+HELD_OUT = frozenset({"esmael-abdlkadr", "fraol-m", "kalom60", "netnaho", "wendirad", "switch247"})
+
+
 def traces_dir() -> Path:
     """Where the recorded runs are: ``$DEMOTE_AGENT_TRACES`` or :data:`DEFAULT_DIR`."""
     return Path(os.environ.get("DEMOTE_AGENT_TRACES", DEFAULT_DIR))
+
+
+def sessions_dir() -> Path:
+    """Where the long sessions are: ``$DEMOTE_AGENT_SESSIONS`` or :data:`SESSIONS_DIR`."""
+    return Path(os.environ.get("DEMOTE_AGENT_SESSIONS", SESSIONS_DIR))
+
+
+def shown(path: Path) -> str:
+    """``path`` as a result records it: relative to the checkout (no machine's layout)."""
+    return os.path.relpath(path, Path(__file__).resolve().parents[1])
+
+
+def held_out(trace: RealTrace) -> bool:
+    """Is ``trace`` a session of a repository kept out of tuning (:data:`HELD_OUT`)?"""
+    return trace.owner in HELD_OUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +105,7 @@ class RealTrace:
         segments: One per ``invoke``.
         tools: Tool definitions (OpenAI format) built from the calls' names and argument
             keys; the recordings keep no schemas.
+        owner: The lower-cased owner of the source repository, when the file names one.
     """
 
     name: str
@@ -75,6 +113,7 @@ class RealTrace:
     messages: tuple[BaseMessage, ...]
     segments: tuple[Segment, ...]
     tools: tuple[dict[str, Any], ...] = field(default=())
+    owner: str = ""
 
     @property
     def replies(self) -> list[AIMessage]:
@@ -121,7 +160,7 @@ def _tools(messages: Sequence[BaseMessage]) -> tuple[dict[str, Any], ...]:
     )
 
 
-def parse(name: str, messages: Sequence[BaseMessage]) -> RealTrace:
+def parse(name: str, messages: Sequence[BaseMessage], owner: str = "") -> RealTrace:
     """Split a recorded run into invokes; :class:`ValueError` says why it cannot replay."""
     system = None
     rest = list(messages)
@@ -156,7 +195,7 @@ def parse(name: str, messages: Sequence[BaseMessage]) -> RealTrace:
         if not ended and i < len(rest):
             raise ValueError(f"message {i}: a human message right after tool results")
         segments.append(Segment(tuple(humans), tuple(agent)))
-    return RealTrace(name, system, tuple(messages), tuple(segments), _tools(messages))
+    return RealTrace(name, system, tuple(messages), tuple(segments), _tools(messages), owner)
 
 
 def load(
@@ -170,9 +209,11 @@ def load(
     out: list[RealTrace] = []
     skipped: dict[str, str] = {}
     for path in paths:
-        messages = messages_from_dict(json.loads(path.read_text(encoding="utf-8"))["messages"])
+        data = json.loads(path.read_text(encoding="utf-8"))
+        messages = messages_from_dict(data["messages"])
+        repo = str((data.get("source") or {}).get("repo") or "")
         try:
-            out.append(parse(path.stem, messages))
+            out.append(parse(path.stem, messages, repo.split("/")[0].lower()))
         except ValueError as exc:
             skipped[path.stem] = str(exc)
     return out[:limit], skipped

@@ -21,6 +21,13 @@ training questions. A method's own knobs (:data:`METHODS`) are tuned the same wa
 of the base options each fold chose. The defaults shipped are, per option, the value most
 folds chose (ties: the one nearest the previous default); :func:`shipping` computes them.
 
+Beside the hand-made context (the replay's speaker and session date, passed as
+``context=``), the same protocol runs with no ``context=`` at all: on text-only messages
+(what the archive indexed by default before it read metadata), and on LoCoMo turns fed as
+LangChain or LlamaIndex messages that carry their speaker and date in their metadata, in
+each spelling of :data:`bench.locomo_messages.SPELLINGS` (the archive's default context
+reads them). Each of these rows tunes the base options on its own training folds.
+
 Caching: each conversation is replayed once into one archive file per index-time setup
 (the ``context=`` callable, the entity index); every option set after that is only
 searches. Rankings are memoised per option set across folds, so a fold costs only the
@@ -44,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.locomo_messages import SPELLINGS, Framed
 from bench.recall_locomo import (
     CATEGORIES,
     Conversation,
@@ -51,7 +59,7 @@ from bench.recall_locomo import (
     replay,
     speaker_context,
 )
-from demote.archive._rank import fit
+from demote.archive.ranking import fit
 from demote.records import DemotedMessage, Recalled
 
 #: The rankings are read this deep: the archive's default pool, so the top 5 here is exactly
@@ -294,10 +302,17 @@ def shipping(folds: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str,
 
 
 def make_archive(path: Path, build: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+    """The archive of one setup: ``build["context"]`` names its ``context=`` (``"default"``:
+    none passed), ``build["spelling"]`` feeds it framework messages (:class:`Framed`)."""
     from demote.archive.sqlite import SQLiteArchive
 
-    context = _CONTEXTS[build.get("context", "speaker/date")]
-    return SQLiteArchive(path, context=context, **{**dict(build.get("options", {})), **options})
+    merged = {**dict(build.get("options", {})), **options}
+    name = build.get("context", "speaker/date")
+    if name != "default":
+        merged["context"] = _CONTEXTS[name]
+    archive = SQLiteArchive(path, **merged)
+    spelling = build.get("spelling")
+    return archive if spelling is None else Framed(archive, spelling)
 
 
 def _captioned(message: DemotedMessage) -> dict[str, str] | None:
@@ -319,8 +334,22 @@ def variants() -> list[Variant]:
     """Every setup measured: the base options, then each method on top of them."""
     entities = {"options": {"entities": True}}
     plain = {"coverage": 0.0, "neighbours": 0.0, "adjacent_weight": 0.0, "speaker_weight": 0.0}
+    metadata = [
+        Variant(
+            f"defaults, metadata in the messages ({label}; base options tuned)",
+            {"context": "default", "spelling": key},
+            BASE_GRID,
+        )
+        for key, (label, _) in SPELLINGS.items()
+    ]
     return [
         Variant("defaults + speaker/date context (base options tuned)", {}, BASE_GRID),
+        Variant(
+            "defaults, no context (text-only messages; base options tuned)",
+            {"context": "default"},
+            BASE_GRID,
+        ),
+        *metadata,
         Variant("plain FTS5 BM25 + speaker/date context (nothing tuned)", {}, {}, plain),
         Variant("+ entity index", entities, {"entity_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
         Variant("+ time awareness", {}, {"time_weight": (1.0, 0.5, 2.0, 4.0)}, on_base=True),
@@ -454,8 +483,10 @@ def run(*, quick: bool, out: Path, quiet: bool) -> dict[str, Any]:
     if quick:  # the smoke test: two folds of the two shortest, two values an option
         convs = sorted(convs, key=lambda c: len(c.turns))[:2]
         base_grid = {name: values[:2] for name, values in BASE_GRID.items()}
+        metadata = next(v for v in chosen_variants if v.build.get("spelling"))
         chosen_variants = [
             Variant(chosen_variants[0].label, {}, base_grid),
+            Variant(metadata.label, metadata.build, base_grid),
             *(v for v in chosen_variants if v.label == "+ time awareness"),
         ]
     results: dict[str, Any] = {}

@@ -9,6 +9,10 @@ its evidence turns is in the window or among the messages recalled for the quest
 Questions whose evidence is empty or names no turn of the conversation (a few annotation
 slips) are skipped and counted.
 
+The *metadata* setups pass no ``context=``: each turn reaches the archive as a LangChain or
+LlamaIndex message carrying its speaker and date in its metadata, spelled one of several
+ways (:mod:`bench.locomo_messages`), and the archive's default context reads them.
+
 Recall is measured two ways for every setup: the top ``k`` hits (``k=5``, ``k=10``), and
 whatever fits in a budget of 250, 500 or 1,000 recalled tokens (``search(...,
 budget_tokens=B)``; tokens are ``ceil(characters / 4)`` of each returned text). The mean
@@ -20,9 +24,10 @@ recall v2) on the conversations not in :data:`HELD_OUT`, and the table reports t
 out apart; the shipped defaults now come from leave-one-conversation-out cross-validation
 over all five (:mod:`bench.recall_cv`, section 3b), whose figures are the honest ones.
 
-Run ``python -m bench.recall_locomo`` (from the repository root) to print every variant;
-``--setups NAME ...`` runs some. The data is read from ``../shared/data/locomo`` (or
-``$DEMOTE_LOCOMO``); it is never copied.
+Run ``python -m bench.recall_locomo`` (from the repository root) to print every setup
+(``--variants``: every variant tried too; ``--keep``: keep the rows of the results file
+this run does not measure, such as the local model's on a machine without it). The data
+is read from ``../shared/data/locomo`` (or ``$DEMOTE_LOCOMO``); it is never copied.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.locomo_messages import SPELLINGS, Framed
 from demote.records import DemotedMessage, Demotion, Recalled, fingerprint, make_key
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -377,8 +383,7 @@ class QueryVariant:
     def search(
         self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
     ) -> list[Recalled]:
-        from demote.archive._fts import query_terms
-        from demote.archive._rank import fit
+        from demote.archive.ranking import fit, query_terms
 
         terms = query_terms(query)
         if self.kind == "prf":
@@ -423,6 +428,10 @@ def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str
         "defaults, no context": lambda p: SQLiteArchive(p),
         "defaults + speaker/date context": lambda p: SQLiteArchive(p, context=c),
     }
+    for key, (label, _) in SPELLINGS.items():  # no context=: what the messages carry
+        found[f"defaults, metadata in the messages ({label})"] = lambda p, s=key: Framed(
+            SQLiteArchive(p), s
+        )
     if variants:
         found |= {
             "  without neighbours' text": lambda p: SQLiteArchive(p, context=c, adjacent_weight=0),
@@ -466,15 +475,24 @@ def setups(model: CachedModel | None, *, variants: bool, mem0: bool) -> dict[str
     return found
 
 
-def run(*, quick: bool, out: Path, quiet: bool, variants: bool = False) -> dict[str, Any]:
-    """Section 3 of ``python -m bench``: every setup, tuned and held-out rates apart."""
+def run(
+    *, quick: bool, out: Path, quiet: bool, variants: bool = False, keep: bool = False
+) -> dict[str, Any]:
+    """Section 3 of ``python -m bench``: every setup, tuned and held-out rates apart.
+
+    ``keep``: the setups of the results file already in ``out`` that this run does not
+    measure (the local model's rows, on a machine without it; the variants) stay in it,
+    after this run's, and the payload's ``"kept"`` names them and the run they came from.
+    """
     from bench.common import environment, write_json
 
     began = time.perf_counter()
     model = None if quick else local_model()
     chosen = setups(model, variants=variants, mem0=not quick)
-    if quick:
-        chosen = dict(list(chosen.items())[-2:])
+    if quick:  # defaults without and with hand-made context, and one spelling of metadata
+        labels = list(chosen)
+        first = labels.index("defaults, no context")
+        chosen = {label: chosen[label] for label in labels[first : first + 3]}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         directory = None
@@ -499,11 +517,23 @@ def run(*, quick: bool, out: Path, quiet: bool, variants: bool = False) -> dict[
             }
             if not quiet:
                 print(f"  {label}: {result['seconds']:.0f} s", file=sys.stderr, flush=True)
+    kept: dict[str, Any] = {}
+    earlier = out / "recall.json"
+    if keep and earlier.exists():
+        before = json.loads(earlier.read_text(encoding="utf-8"))
+        labels = [label for label in before["setups"] if label not in results]
+        results |= {label: before["setups"][label] for label in labels}
+        kept = {
+            "setups": labels,
+            "model": before.get("model"),
+            "environment": before["environment"],
+        }
     payload = {
         "section": "recall",
         "quick": quick,
         "held_out": sorted(HELD_OUT),
         "model": CachedModel.name if model is not None else None,
+        "kept": kept,
         "setups": results,
         "seconds": time.perf_counter() - began,
         "environment": environment(),
@@ -569,6 +599,12 @@ def report(payload: dict[str, Any]) -> str:
             f"| {cell(a, 'k=5')} | {a['250 tok'].get('multi-hop', 0):.1%} |"
         )
     lines += ["", f"window only: {window:.1%}; {payload['seconds']:.0f} s", ""]
+    kept = payload.get("kept") or {}
+    if kept.get("setups"):
+        lines += [
+            f"kept from an earlier run (model {kept.get('model')}): " + "; ".join(kept["setups"]),
+            "",
+        ]
     columns = list(CATEGORIES.values())
     lines.append("| setup, 250 recalled tokens, all | " + " | ".join(columns) + " | overall |")
     lines.append("|---|" + "---:|" * (len(columns) + 1))
@@ -588,9 +624,14 @@ def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.recall_locomo")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--variants", action="store_true", help="also every variant tried")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the results file's setups this run skips"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(list(argv))
-    payload = run(quick=args.quick, out=args.out, quiet=False, variants=args.variants)
+    payload = run(
+        quick=args.quick, out=args.out, quiet=False, variants=args.variants, keep=args.keep
+    )
     print(report(payload))
 
 

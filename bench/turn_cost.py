@@ -257,11 +257,13 @@ def demoting_memory(
 ) -> Callable[[int], object]:
     from llama_index.core.llms import ChatMessage
 
+    from demote import NoopHook
     from llamaindex_demote import DemotingMemory
 
     memory = DemotingMemory.from_defaults(
         chat_history=_chat_messages(history),
         policy=_policy(sliding),
+        hook=NoopHook(),  # the engine alone
         chat_store_key="bench",
     )
     if observed:

@@ -45,6 +45,7 @@ from demote.records import (
     MessageRecord,
     Recalled,
 )
+from demote.restarts import check_restarts
 from demote.state import (
     AsyncStateStore,
     InMemoryStateStore,
@@ -122,6 +123,7 @@ __all__ = [
     "TemplateSummarizer",
     "TranscriptError",
     "Window",
+    "check_restarts",
     "plan",
 ]
 

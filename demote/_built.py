@@ -7,11 +7,15 @@ of the work, for values the engine made itself. :func:`unchecked` makes a constr
 the same signature that sets the slots directly and skips ``__post_init__``. The objects
 are the same (equal, hashed, frozen as any other): only their making is cheaper. Public
 constructors keep their checks: a user who builds a record gets ``__post_init__``.
+
+The generated source is registered in :mod:`linecache` under a file name of its own (as
+attrs does), so a traceback through a constructor shows its lines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import linecache
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -56,8 +60,20 @@ def unchecked(cls: type[T]) -> Callable[..., T]:
         body.append(f"    _set_{name}(self, {name})")
     body.append("    return self")
     source = f"def make({', '.join(params)}):\n" + "\n".join(body) + "\n"
-    exec(source, env)  # the source is made above from the field names alone
+    exec(_compiled(source, cls), env)  # the source is made above from the field names alone
     make: Callable[..., T] = env["make"]
     make.__qualname__ = make.__name__ = f"unchecked_{cls.__name__}"
     make.__doc__ = f"{cls.__name__}(...) without its per-field setattr and checks."
     return make
+
+
+def _compiled(source: str, cls: type) -> Any:
+    """``source`` compiled under a file name of its own, its lines kept in ``linecache``."""
+    base = f"<demote unchecked {cls.__module__}.{cls.__qualname__}"
+    filename, n = base + ">", 1
+    while True:  # another source under a name taken already gets the next free name
+        entry = (len(source), None, source.splitlines(True), filename)
+        if linecache.cache.setdefault(filename, entry) == entry:
+            break
+        filename, n = f"{base}-{n}>", n + 1
+    return compile(source, filename, "exec")

@@ -1,13 +1,30 @@
-"""Checks for the numbers an option takes: one place, one wording, typed errors."""
+"""Argument checks, one place, one wording, typed errors.
+
+The numbers an option takes (:func:`count`, :func:`seconds`), file paths, and the messages
+an adapter is given (:func:`check_message`, :func:`check_messages`: framework-neutral, the
+message class is a parameter).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Mapping
+from typing import TypeVar, cast
 
-from demote.errors import ArgumentTypeError, ConfigError
+from demote.errors import ArgumentTypeError, ConfigError, MessageTypeError
 
-__all__ = ["MAX_COUNT", "MAX_SECONDS", "count", "file_path", "seconds"]
+__all__ = [
+    "MAX_COUNT",
+    "MAX_SECONDS",
+    "check_message",
+    "check_messages",
+    "count",
+    "file_path",
+    "seconds",
+]
+
+M = TypeVar("M")
 
 #: The largest count an option takes (a LIMIT, a batch, a cache size): above it, a
 #: number is a mistake, and it would overflow the integers SQL engines and C code use.
@@ -65,3 +82,36 @@ def file_path(name: str, value: object) -> str:
     except UnicodeEncodeError:
         raise ConfigError(f"{name}: is not valid Unicode text: {path!r:.40}") from None
     return path
+
+
+def check_message(value: object, kind: type[M], argument: str) -> M:
+    """``value`` if it is a ``kind``, else :class:`MessageTypeError` naming ``argument``."""
+    if not isinstance(value, kind):
+        raise MessageTypeError(
+            f"{argument}: expected a {kind.__name__}, got {type(value).__name__} {value!r:.80}"
+        )
+    return value
+
+
+def check_messages(value: object, kind: type[M], argument: str) -> list[M]:
+    """``value`` as a new list if it is a sequence of ``kind`` (not a string), else raise.
+
+    Checks every item before the caller writes anything, so a bad item stores nothing.
+
+    Raises:
+        MessageTypeError: ``value`` is a string, bytes, a mapping, a single message, not
+            iterable, or holds an item that is not a ``kind`` (``argument[i]`` names it).
+    """
+    # A list or tuple (the common case) skips the slower abstract-class checks.
+    if type(value) not in (list, tuple) and (
+        isinstance(value, (str, bytes, Mapping, kind)) or not isinstance(value, Iterable)
+    ):
+        raise MessageTypeError(
+            f"{argument}: expected a list of {kind.__name__}, got {type(value).__name__} "
+            f"{value!r:.80}"
+        )
+    items: list[M] = list(cast("Iterable[M]", value))
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            check_message(item, kind, f"{argument}[{i}]")
+    return items

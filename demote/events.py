@@ -199,6 +199,13 @@ class DemoterStats:
         summaries: Compactions committed.
         resyncs: Rewritten histories re-synced.
         degraded: Loads served without the state store (it failed or was skipped).
+        pending_conversations: Conversations over which ``pending`` is counted.
+        retrying: Conversations with pending messages that background loads retry
+            (without waiting for their next load; ``drain`` delivers them at once).
+        retries: Background loads run for them (not counted in ``loads``).
+        untracked: Conversations the background retries let go to their next load
+            (over ``cached_conversations``, or busy elsewhere with no progress).
+        queued: Sync hook calls waiting for a free hook thread (``hook_queue``).
     """
 
     conversations: int
@@ -211,6 +218,11 @@ class DemoterStats:
     summaries: int
     resyncs: int
     degraded: int = 0
+    pending_conversations: int = 0
+    retrying: int = 0
+    retries: int = 0
+    untracked: int = 0
+    queued: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -343,6 +343,20 @@ class Demotion:
     def __len__(self) -> int:
         return len(self.messages)
 
+    def __str__(self) -> str:
+        """A header, then ``[index] role: text`` per message (what ``print`` as a hook shows)."""
+        msgs = self.messages
+        span = f" (positions {msgs[0].index}-{msgs[-1].index})" if msgs else ""
+        lines = [f"Demotion of {self.conversation_id!r}: {len(msgs)} messages{span}"]
+        for m in msgs:
+            text = m.text if len(m.text) <= _SHOWN_CHARS else m.text[: _SHOWN_CHARS - 3] + "..."
+            lines.append(f"  [{m.index}] {m.role}: {' '.join(text.split())}")
+        return "\n".join(lines)
+
+
+#: Characters of a message's text ``str(Demotion)`` shows.
+_SHOWN_CHARS = 200
+
 
 @dataclass(frozen=True, slots=True)
 class Recalled:

@@ -21,7 +21,10 @@ needs the ``langchain`` package, extra ``demote[agents]``, and is imported on fi
 :mod:`~langchain_demote.messages` (pure conversion to and from the core's records),
 :mod:`~langchain_demote.hooks` (a vector-store hook and an archive retriever),
 :mod:`~langchain_demote.summarizer` (a chat-model summarizer for ``Compact``),
-:mod:`~langchain_demote.tools` (``recall_tool``: an agent searches its archive) and
+:mod:`~langchain_demote.tools` (``recall_tool``: an agent searches its archive),
+:mod:`~langchain_demote.store` and :mod:`~langchain_demote.store_recall` (``StoreHook``
+and ``StoreRecall``: the long tail in a LangGraph store; need ``langgraph``, extra
+``demote[langgraph]``, and are imported on first use) and
 :mod:`~langchain_demote.callbacks` (what demotion did, as custom callback events in the
 run that caused it).
 """
@@ -43,6 +46,8 @@ from langchain_demote.tools import recall_tool
 
 if _typing.TYPE_CHECKING:
     from langchain_demote.middleware import DemotingMiddleware
+    from langchain_demote.store import StoreHook
+    from langchain_demote.store_recall import StoreRecall
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -50,6 +55,14 @@ def __getattr__(name: str) -> _typing.Any:
         from langchain_demote.middleware import DemotingMiddleware
 
         return DemotingMiddleware
+    if name == "StoreHook":  # needs `langgraph`: import lazily
+        from langchain_demote.store import StoreHook
+
+        return StoreHook
+    if name == "StoreRecall":
+        from langchain_demote.store_recall import StoreRecall
+
+        return StoreRecall
     raise AttributeError(f"module 'langchain_demote' has no attribute {name!r}")
 
 
@@ -58,6 +71,8 @@ __all__ = [
     "ChatModelSummarizer",
     "DemotingChatMessageHistory",
     "DemotingMiddleware",
+    "StoreHook",
+    "StoreRecall",
     "VectorStoreHook",
     "archive_retriever",
     "from_core",

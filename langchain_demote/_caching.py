@@ -7,6 +7,12 @@ list otherwise compete for the same few machines. demote's window keeps one conv
 prompt byte-identical between cuts, so keying by conversation sends each conversation's
 calls where its prefix is cached. langchain-openai's ``ChatOpenAI`` takes the key as a call
 keyword; ``create_agent`` passes ``ModelRequest.model_settings`` as such keywords.
+
+Only OpenAI's API takes the key: ``ChatAnthropic`` (and other providers' models) would put
+an unknown ``prompt_cache_key`` field in their request, which their API refuses. So the key
+is set only for a model built on langchain-openai (``ChatOpenAI``, ``AzureChatOpenAI``
+and the OpenAI-compatible models built on its base class, :func:`takes_cache_key`); with
+any other model the option does nothing, and an agent may switch models freely.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 from demote.errors import ConfigError
 
-__all__ = ["CacheKey", "cache_key_option", "keyed_settings"]
+__all__ = ["CacheKey", "cache_key_option", "keyed_settings", "takes_cache_key"]
 
 #: ``prompt_cache_key=``: ``False`` (off), ``True`` (the conversation id), or a callable
 #: from the conversation id to the key.
@@ -32,6 +38,14 @@ def cache_key_option(option: object) -> CacheKey:
     raise ConfigError(
         f"prompt_cache_key: expected True, False or a callable of the conversation id, "
         f"got {option!r:.60}"
+    )
+
+
+def takes_cache_key(model: object) -> bool:
+    """Is ``model`` one that sends ``prompt_cache_key`` to OpenAI's API (langchain-openai's)?"""
+    return any(
+        (getattr(cls, "__module__", "") or "").startswith("langchain_openai")
+        for cls in type(model).__mro__
     )
 
 

@@ -1,11 +1,13 @@
 """Erasing an agent's conversation: its LangGraph thread, its demotion state, its long tail.
 
-``DemotingMiddleware.erase`` runs :func:`demote.engine._erase_flow.erase_conversation` with the
+``DemotingMiddleware.erase`` runs :func:`demote.engine.erase_conversation` with the
 thread as the inner store: the messages are read from the thread's latest checkpoint
 (at their absolute positions: with ``prune_state=True`` the pruned prefix is counted, so
 the dedup keys of the kept messages are the ones they were delivered under), then the
 thread is deleted through the checkpointer's ``delete_thread`` (every checkpoint of it,
-in every namespace), then the engine erases the state and every tier.
+in every namespace), then the engine erases the state and every tier. The report names
+the checkpointer as the ``checkpoint`` tier (its ``removed``: the thread's messages). An
+agent without a checkpointer has no thread to delete: its report is the engine's.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 
-from demote.backends.flow import Flow
-from demote.engine import Demoter
-from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine import Demoter, erase_conversation
 from demote.erase import EraseReport
 from demote.errors import ConfigError
+from demote.flow import Call, Flow, Twin
 from demote.records import MessageRecord
 from demote.state.base import validate_conversation_id
 from langchain_demote._pruning import PRUNED_KEY
 
-__all__ = ["erase_thread", "thread_messages"]
+__all__ = ["demoter_erase", "erase_thread", "thread_messages"]
 
 
 def thread_messages(saved: CheckpointTuple | None) -> list[tuple[int, BaseMessage]]:
@@ -65,10 +66,8 @@ def erase_thread(
     else:
         cid = validate_conversation_id(conversation_id)
         validate_conversation_id(thread_id, "thread_id")
-    if checkpointer is None:
-        return erase_conversation(
-            demoter, cid, describe, read=Twin(list, _nothing), clear=None, wait=wait
-        )
+    if checkpointer is None:  # (no inner store: the engine's report as it is)
+        return demoter_erase(demoter, cid, wait)
     if not isinstance(checkpointer, BaseCheckpointSaver):
         raise ConfigError(f"checkpointer: expected a LangGraph checkpointer, got {checkpointer!r}")
     config: Any = {"configurable": {"thread_id": thread_id}}
@@ -85,9 +84,12 @@ def erase_thread(
         describe,
         read=Twin(held, aheld),
         clear=Twin(checkpointer.delete_thread, checkpointer.adelete_thread, (thread_id,)),
+        inner=(checkpointer, "checkpoint"),
         wait=wait,
     )
 
 
-async def _nothing() -> list[tuple[int, BaseMessage]]:
-    return []
+def demoter_erase(demoter: Demoter, cid: str, wait: float | None) -> Flow[EraseReport]:
+    """The engine's erase of ``cid`` alone, as a flow (an agent without a checkpointer)."""
+    report: EraseReport = yield Call(demoter, "erase", (cid,), {"wait": wait})
+    return report

@@ -2,9 +2,9 @@
 
 The middleware's preparation is a generator, shared by ``wrap_model_call`` and
 ``awrap_model_call`` so each piece of logic is written once for sync and async, that
-yields its I/O as the operations below; each has a blocking ``run_sync`` and an awaited
-``run_async``, run by the flow drivers
-(``demote.backends.flow``).
+yields its I/O as operations (:class:`Load` below, and :mod:`demote.flow`'s), each with
+a blocking ``run_sync`` and an awaited ``run_async``, run by the drivers of
+:mod:`demote.flow`.
 It returns a :class:`Prepared`: the request to hand on, the state update to return with
 the response, the events to report in the run, and the metadata to put on the model
 call's run.
@@ -12,10 +12,9 @@ call's run.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import operator
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +27,12 @@ from langchain_core.messages import BaseMessage
 from langchain_core.runnables.config import var_child_runnable_config
 from langgraph.types import Command
 
+from demote import flow
 from demote.engine import Demoter, Window
 from demote.events import DemoteEvent
-from demote.hooks.base import Recall
-from demote.records import MessageRecord, Recalled
+from demote.records import MessageRecord
 
-__all__ = ["Call", "Load", "Prepared", "Search", "model_call_metadata"]
+__all__ = ["Flow", "Load", "Prepared", "model_call_metadata"]
 
 
 @dataclass(slots=True)
@@ -64,45 +63,6 @@ class Load:
             reserved=self.reserved,
             pruned=self.pruned,
         )
-
-
-@dataclass(slots=True)
-class Search:
-    """Search the long tail (``asearch`` when the recall has one, else a worker thread)."""
-
-    recall: Recall
-    conversation_id: str
-    query: str
-    k: int
-    budget_tokens: int | None = None
-
-    def _kwargs(self) -> dict[str, int]:
-        # Only when asked: a custom recall may not know the option.
-        return {} if self.budget_tokens is None else {"budget_tokens": self.budget_tokens}
-
-    def run_sync(self) -> list[Recalled]:
-        return list(self.recall.search(self.conversation_id, self.query, self.k, **self._kwargs()))
-
-    async def run_async(self) -> list[Recalled]:
-        asearch = getattr(self.recall, "asearch", None)
-        if asearch is not None:
-            return list(await asearch(self.conversation_id, self.query, self.k, **self._kwargs()))
-        return await asyncio.to_thread(self.run_sync)
-
-
-@dataclass(slots=True)
-class Call:
-    """Call an engine method: ``sync(*args)`` blocking, ``asynchronous(*args)`` awaited."""
-
-    sync: Callable[..., Any]
-    asynchronous: Callable[..., Any]
-    args: tuple[Any, ...]
-
-    def run_sync(self) -> Any:
-        return self.sync(*self.args)
-
-    async def run_async(self) -> Any:
-        return await self.asynchronous(*self.args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,4 +120,5 @@ def model_call_metadata(metadata: dict[str, Any] | None) -> Iterator[None]:
         var_child_runnable_config.reset(token)
 
 
-Flow = Generator[Load | Search | Call, Any, Prepared]
+#: The preparation: a :data:`demote.flow.Flow` that returns a :class:`Prepared`.
+Flow = flow.Flow[Prepared]

@@ -48,15 +48,15 @@ state, never from position 0, and prunes nothing: nothing it planned was committ
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, cast, overload
 
 from langchain_core.messages import BaseMessage, RemoveMessage
 
 from demote.engine import Demoter, Window
 from demote.errors import DemoteError
+from demote.flow import Flow, Twin
 from demote.records import ConversationState, MessageRecord
-from langchain_demote._preparation import Call
 from langchain_demote.messages import message_role
 
 __all__ = ["PRUNED_KEY", "PrunedPrefix", "PrunedView", "prune_update", "reconcile"]
@@ -170,7 +170,7 @@ def reconcile(
     view: Sequence[BaseMessage],
     pinned: int,
     removed: int,
-) -> Generator[Call, Any, None]:
+) -> Flow[None]:
     """Re-seed a demotion state that does not cover the pruned prefix.
 
     Everything below ``floor = pinned + removed`` was pruned after the hook accepted it,
@@ -186,7 +186,7 @@ def reconcile(
         )
     d = demoter
     try:
-        s: ConversationState = yield Call(d.state_of, d.astate_of, (cid,))
+        s: ConversationState = yield Twin(d.state_of, d.astate_of, (cid,))
     except Exception:
         if d.on_store_error == "raise":
             raise
@@ -214,7 +214,7 @@ def reconcile(
         floor,
     )
     try:
-        yield Call(d.seed, d.aseed, (cid, seeded))
+        yield Twin(d.seed, d.aseed, (cid, seeded))
     except Exception:
         if d.on_store_error == "raise":
             raise

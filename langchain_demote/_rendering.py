@@ -17,47 +17,70 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from demote.engine import Window, render_progress, render_summary
+from demote.engine import Window
+from demote.request import Recalling, compose
 from demote.window.pairing import UNANSWERED, unanswered
 from langchain_demote.messages import replaced
 
 __all__ = ["answer_dangling", "render_window"]
 
 
-def render_window(window: Window[BaseMessage]) -> list[BaseMessage]:
+class _Renderer:
+    """How a LangChain request gets what demote adds (:class:`demote.request.Renderer`)."""
+
+    __slots__ = ("_recall",)
+
+    def __init__(self, recall_role: str) -> None:
+        self._recall = SystemMessage if recall_role == "system" else HumanMessage
+
+    def note(self, text: str) -> BaseMessage:
+        return HumanMessage(text)
+
+    def recall(self, text: str) -> BaseMessage:
+        return self._recall(text)
+
+    def replaced(self, message: BaseMessage, text: str) -> BaseMessage:
+        return replaced(message, text)
+
+    def opens_calls(self, message: BaseMessage) -> bool:
+        return isinstance(message, AIMessage) and bool(message.tool_calls)
+
+    def answer_dangling(self, messages: list[BaseMessage]) -> list[BaseMessage]:
+        return answer_dangling(messages)
+
+
+_USER = _Renderer("user")
+_SYSTEM = _Renderer("system")
+
+
+def render_window(
+    window: Window[BaseMessage],
+    recalling: Recalling | None = None,
+    *,
+    recall_role: str = "user",
+) -> list[BaseMessage]:
     """The messages the model is sent for a window (a new list).
 
-    In order: the pinned system messages; the running summary as one ``SystemMessage``
-    when the window starts at a turn; or, when it starts inside a turn, the turn's opener
-    as it is, then the summary (of the earlier steps) as a progress note in a
-    ``HumanMessage`` of its own (a system message mid-conversation is refused by some
-    providers; the opener stays byte-identical, so a new summary or digest does not make
-    the cache write the opener again; the providers' converters merge two user messages
-    in a row into one turn); then the kept messages, each
-    cleared or clipped tool result as a copy whose content is the placeholder text
-    (``tool_call_id``, ``name``, ``artifact``, ``status`` and ``id`` kept), each assistant
-    message whose calls are too large as a copy with its long argument values cut
-    (:func:`~langchain_demote.messages.replaced`). The stored messages are never changed.
+    In order (:func:`demote.request.compose`, the same for every adapter): the pinned
+    system messages; when the window starts inside a turn, the turn's opener as it is;
+    the summary or digest as a note in a ``HumanMessage`` of its own (never a system
+    message: some providers take those only at the start, others merge them into the
+    system block, which would then change at every cut; kept apart, the opener stays
+    byte-identical when the note changes, and the providers' converters merge two user
+    messages in a row into one turn); the kept messages, each cleared or clipped tool
+    result as a copy whose content is the placeholder text (``tool_call_id``, ``name``,
+    ``artifact``, ``status`` and ``id`` kept), each assistant message whose calls are
+    too large as a copy with its long argument values cut
+    (:func:`~langchain_demote.messages.replaced`); and with ``recalling``, one message of
+    recalled archive messages right after the question. The stored messages are never
+    changed.
 
     Args:
         window: What :meth:`demote.Demoter.load` returned.
+        recalling: What recall places in the request (:func:`demote.request.recall_flow`).
+        recall_role: ``"user"`` (a ``HumanMessage``) or ``"system"``.
     """
-    out = list(window.pinned)
-    summary, opener = window.summary, window.opener
-    if opener is None:
-        if summary is not None:
-            out.append(SystemMessage(render_summary(summary)))
-    else:
-        out.append(opener)
-        if summary is not None:
-            out.append(HumanMessage(render_progress(summary)))
-    if not (window.placeholders or window.clipped):
-        out.extend(window.messages)
-    else:
-        out.extend(
-            replaced(m, window.replacement(i)) for i, m in enumerate(window.messages, window.start)
-        )
-    return answer_dangling(out) if window.calls else out
+    return compose(window, _SYSTEM if recall_role == "system" else _USER, recalling)
 
 
 def answer_dangling(messages: list[BaseMessage]) -> list[BaseMessage]:

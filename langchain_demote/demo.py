@@ -1,9 +1,9 @@
 """The LangChain half of ``demote demo``: an offline chat model, a file history, the chain.
 
-Loaded by name from :mod:`demote.cli.demo` (and used by the notebooks), so the core never
-imports LangChain. Everything here is ordinary LangChain: an existing
-``RunnableWithMessageHistory`` chain gains demotion only by wrapping its history factory
-with :func:`langchain_demote.with_demotion`.
+Registered in the ``demote.demo`` entry point group (a
+:class:`~demote.cli.demo_parts.DemoHalf`), so the core never imports LangChain. Everything
+here is ordinary LangChain: an existing ``RunnableWithMessageHistory`` chain gains
+demotion only by wrapping its history factory with :func:`langchain_demote.with_demotion`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ try:
     from langchain_core.messages import (
         AIMessage,
         BaseMessage,
-        SystemMessage,
+        HumanMessage,
         messages_from_dict,
         messages_to_dict,
     )
@@ -164,7 +164,9 @@ def _recall_messages(archive: Recall, k: int, last: list[list[Recalled]]) -> Run
         unique = {(r.role, r.text): r for r in sorted(hits, key=lambda r: -r.index)}
         ordered = sorted(unique.values(), key=lambda r: r.index)
         lines = "\n".join(f"- {r.role}: {r.text}" for r in ordered)
-        return [SystemMessage(f"{RECALL_HEADER}\n{lines}")]
+        # A user message after the question, as DemotingMiddleware sends recall: a system
+        # message after the conversation began is refused by some providers.
+        return [HumanMessage(f"{RECALL_HEADER}\n{lines}")]
 
     return RunnableLambda(recall)
 
@@ -178,7 +180,7 @@ def build_chain(
     observe: PromptObserver | None = None,
     last_recall: list[list[Recalled]] | None = None,
 ) -> RunnableWithMessageHistory:
-    """The demo chain: prompt (system, history, recall, question) | model, with history.
+    """The demo chain: prompt (system, history, question, recall) | model, with history.
 
     Args:
         model: Any chat model (the offline one, or ``init_chat_model(...)``).
@@ -195,8 +197,8 @@ def build_chain(
         [
             ("system", SYSTEM_PROMPT),
             MessagesPlaceholder("history"),
-            MessagesPlaceholder("recall", optional=True),
             ("human", "{question}"),
+            MessagesPlaceholder("recall", optional=True),
         ]
     )
     holder: list[list[Recalled]] = last_recall if last_recall is not None else []

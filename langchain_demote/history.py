@@ -37,19 +37,18 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
-from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.messages import BaseMessage, HumanMessage
 
-from demote._checks import check_message, check_messages
-from demote._validate import count
-from demote.backends.flow import Call, Flow, drive_async, drive_sync
-from demote.engine import Demoter, Window
-from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine import Demoter, Window, erase_conversation
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.events import DemoteEvent
+from demote.flow import Call, Flow, Twin, drive_async, drive_sync
 from demote.hooks.base import Capture
+from demote.kit import check_message, check_messages, count
 from demote.records import CapturedTurn, MessageRecord, make_key
+from demote.restarts import check_restarts
 from demote.state.base import validate_conversation_id
 from demote.window.pairing import UNANSWERED
 from langchain_demote._rendering import answer_dangling, render_window
@@ -120,6 +119,8 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
             raise ConfigError(f"capture: {capture!r} has no capture() method")
         self.inner = inner
         self.demoter = demoter
+        durable = not isinstance(inner, InMemoryChatMessageHistory)
+        check_restarts(demoter, inner, durable=durable)  # (warns once per process)
         self.capture = capture
         self.reserved = count("reserved", reserved, minimum=0)
         self._memo: _Memo | None = None
@@ -326,6 +327,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
             self._describe,
             read=Twin(self._held, self._aheld),
             clear=Call(self.inner, "clear", (), {}) if inner else None,
+            inner=(self.inner, "history"),
             also=() if self.capture is None else (self.capture,),
             wait=wait,
         )

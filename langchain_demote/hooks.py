@@ -28,14 +28,14 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import ConfigDict
 
-from demote._validate import count
-from demote.archive import _args
-from demote.backends.flow import Call, Flow, drive_async, drive_sync
+from demote.archive import args
 from demote.engine import Demoter
 from demote.erase import conversation_hash
 from demote.errors import ArgumentTypeError, ConfigError, FencedOut
 from demote.events import DemoteEvent
+from demote.flow import Call, Flow, drive_async, drive_sync
 from demote.hooks.base import Recall
+from demote.kit import count, data_by_reference
 from demote.records import (
     DemotedMessage,
     Demotion,
@@ -43,7 +43,6 @@ from demote.records import (
     searchable_text,
 )
 from demote.state.base import validate_conversation_id
-from demote.window._media import data_by_reference
 from langchain_demote.callbacks import dispatch_events
 
 __all__ = ["DATA_FIELD", "ArchiveRetriever", "VectorStoreHook", "archive_retriever"]
@@ -124,7 +123,7 @@ class VectorStoreHook:
     def _documents(self, batch: Demotion) -> list[Document]:
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
-        fence = _args.fence(batch.fence)
+        fence = args.fence(batch.fence)
         with self._lock:
             erased = self._fences.get(
                 conversation_hash(validate_conversation_id(batch.conversation_id))
@@ -158,7 +157,7 @@ class VectorStoreHook:
     def has_keys(self, conversation_id: str, keys: list[str]) -> set[str]:
         """Keys already stored (empty when the store cannot look documents up by id)."""
         conversation_id = validate_conversation_id(conversation_id)
-        wanted = _args.keys(keys)
+        wanted = args.keys(keys)
         try:
             found = self.vectorstore.get_by_ids(wanted)
         except NotImplementedError:

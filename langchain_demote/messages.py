@@ -19,8 +19,9 @@ delivery the hook gets the message's neutral form (:data:`demote.records.MESSAGE
 back into the message, equal to the original: content (a string or its blocks), tool
 calls, ``tool_call_id``, ``name``, ``id``, ``additional_kwargs``, ``response_metadata``,
 usage, ``artifact``, ``status``, chunks as chunks. Values that are not JSON (an artifact
-object) come back as their JSON form (or ``repr``), and media stored by reference come
-back without their bytes.
+object, a ``datetime`` in ``additional_kwargs``) come back as their JSON form (ISO 8601
+for dates and times, as pydantic writes them) or their ``repr``, and media stored by
+reference come back without their bytes.
 
 Counting whole messages: ``SlidingWindow.last_tokens(n, counter=message_counter(model))``
 counts each message with the chat model's ``get_num_tokens_from_messages`` (or any
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import date, time
 from typing import Any, Protocol
 
 from langchain_core.language_models import BaseLanguageModel
@@ -276,6 +278,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _fallback(value: Any) -> Any:
+    if isinstance(value, date | time):  # as pydantic's JSON mode (LlamaIndex's form) writes it
+        return value.isoformat()
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")

@@ -16,15 +16,18 @@ times on the same, growing state) :meth:`DemotingMiddleware.wrap_model_call`:
 2. runs :meth:`demote.Demoter.load` over the messages the model node was given. The
    engine delivers what fell out of the window to the hook and commits its watermark, so a
    message re-read on the next model call of the same loop is not delivered again;
-3. sends the model only the window (:func:`langchain_demote.history.render_window`):
-   pinned system messages, the committed summary as one ``SystemMessage`` (or, when the
-   window starts inside the running turn, the turn's opener with the summary as a
-   progress note), the kept messages with old tool results cleared to placeholders, and
-   (with ``recall``) one ``SystemMessage`` of recalled archive messages right before the
-   newest human message. ``create_agent``'s ``system_prompt`` is not part of
-   ``messages``; the model node puts it first. It and the tool definitions (their JSON
-   schemas, as the provider is sent them) are counted under the policy's counter and
-   passed to the load as ``reserved``, so in a token window they count toward the limit;
+3. sends the model only the request built from the window
+   (:func:`langchain_demote.history.render_window`, that is :func:`demote.request.compose`):
+   pinned system messages, the turn's opener when the window starts inside a turn, the
+   committed summary or digest as a note in a ``HumanMessage`` of its own, the kept
+   messages with old tool results cleared to placeholders, and (with ``recall``) one
+   ``HumanMessage`` of recalled archive messages right after the newest human message,
+   the same at every model call of the turn until a cut. demote adds no system message:
+   the system block (``create_agent``'s ``system_prompt``, the model node puts it first,
+   and the thread's pinned system messages) is never changed. The system prompt and the
+   tool definitions (their JSON schemas, as the provider is sent them) are counted under
+   the policy's counter and passed to the load as ``reserved``, with the recall's token
+   budget, so in a token window the whole request stays within the limit;
 4. leaves the state alone (``prune_state=False``, the default) or, with
    ``prune_state=True``, returns a ``Command`` alongside the model response that removes
    the messages the hook has already accepted.
@@ -91,7 +94,6 @@ import json
 import logging
 import operator
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, NotRequired, cast
@@ -112,23 +114,24 @@ from langchain.agents.middleware.types import (
     PrivateStateAttr,
 )
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.runtime import Runtime
 
-from demote._validate import count
 from demote.backends.flow import Flow as EraseFlow
 from demote.backends.flow import drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
-from demote.events import DemoteEvent
 from demote.hooks.base import Recall
-from demote.records import MessageRecord, Recalled
-from langchain_demote._caching import CacheKey, cache_key_option, keyed_settings
+from demote.records import MessageRecord
+from demote.request import RECALL_PREFIX, RecallMemo, RecallSettings, recall_flow, render_recall
+from demote.window.tokens import approximate_tokens
+from langchain_demote._caching import CacheKey, cache_key_option, keyed_settings, takes_cache_key
 from langchain_demote._erasing import erase_thread
-from langchain_demote._preparation import Flow, Load, Prepared, Search, model_call_metadata
+from langchain_demote._preparation import Flow, Load, Prepared, model_call_metadata
 from langchain_demote._pruning import (
     PRUNED_KEY,
     PrunedPrefix,
@@ -136,6 +139,7 @@ from langchain_demote._pruning import (
     prune_update,
     reconcile,
 )
+from langchain_demote._restarts import check_checkpointer
 from langchain_demote._threads import (
     FIRST_MESSAGE_PREFIX,
     first_message_conversation_id,
@@ -159,9 +163,6 @@ __all__ = [
 
 logger = logging.getLogger("demote")
 
-#: How recalled archive messages are introduced to the model (one system message).
-RECALL_PREFIX = "Relevant earlier messages from this conversation:\n"
-
 # How many tool definitions' token counts a middleware remembers (by tool object).
 _TOOLS_KEPT = 1024
 
@@ -170,19 +171,6 @@ class DemotingAgentState(AgentState[Any]):
     """The agent state with the middleware's private pruning record (never input/output)."""
 
     demote_pruned: NotRequired[Annotated[PrunedPrefix, PrivateStateAttr]]
-
-
-def render_recall(recalled: Sequence[Recalled]) -> str:
-    """The text of the one system message that carries recalled archive messages.
-
-    Args:
-        recalled: Messages read back from the long tail, in any order.
-
-    Returns:
-        ``RECALL_PREFIX`` then one ``[role] text`` line per message, oldest first.
-    """
-    ordered = sorted(recalled, key=lambda r: r.index)
-    return RECALL_PREFIX + "\n".join(f"[{r.role}] {r.text}" for r in ordered)
 
 
 class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
@@ -204,12 +192,18 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     Args:
         demoter: The engine: policy, hook and state store (share it across agents).
         recall: Optional long-tail reader (``search(conversation_id, query, k)``, such as
-            ``SQLiteArchive``); its hits for the newest human message are sent as one
-            system message right before it. A failing search is logged and skipped.
+            ``SQLiteArchive``); its hits for the newest human message (the question) are
+            sent as one message right after it, the same at every model call of the turn
+            until the window is cut. A failing search is reported as a ``degraded``
+            event and skipped.
         recall_k: How many recalled messages to send at most.
-        recall_budget_tokens: At most this many tokens of recalled text (counted by the
-            recall, e.g. the archive's counter), best hits first; ``None``: only
-            ``recall_k`` bounds it.
+        recall_budget_tokens: Most tokens the recall message may cost as sent (counted
+            like the window). In a token window it is reserved out of the limit, so the
+            whole request stays within it; ``None`` (default) gives a token window
+            :data:`demote.request.RECALL_SHARE` of its limit (1/72: a cached chat then
+            costs about 1.1x what it costs without recall; a larger budget recalls more
+            for more) and a window counted in messages or turns no token budget (only
+            ``recall_k`` bounds it).
         conversation_id: Names the conversation from the model node's runtime. By
             default: the LangGraph thread id, or without one
             :func:`first_message_conversation_id` (see the module docstring). Two agents
@@ -219,11 +213,15 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             them (the default keeps the full history in the checkpoint). Needs a thread
             id (a checkpointer): an agent invoked without one raises
             :class:`~demote.errors.ConversationIdError`.
-        recall_role: The role of the recall message: ``"system"`` (default), or
-            ``"human"`` for providers that accept system messages only at the start
-            (Anthropic's chat models do).
+        recall_role: The role of the recall message: ``"user"`` (default; ``"human"``
+            is the same), valid for every provider; or ``"system"``, for providers that
+            take system messages anywhere (OpenAI's). Anthropic's chat models refuse a
+            system message after the conversation began (langchain-anthropic raises
+            when the agent has a system prompt, and otherwise moves it into the system
+            block, which then changes every turn and breaks the prompt cache there).
         prompt_cache_key: Set OpenAI's ``prompt_cache_key`` in each request's model
-            settings, so one conversation's calls reach the cache holding its prefix:
+            settings (when the model is langchain-openai's: other providers' APIs refuse
+            the field), so one conversation's calls reach the cache holding its prefix:
             ``True`` uses the conversation id, a callable maps it (to hash or prefix it);
             a key already in the settings is kept. ``False`` (default): none.
 
@@ -242,29 +240,24 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         recall_budget_tokens: int | None = None,
         conversation_id: Callable[[Runtime[Any]], str] | None = None,
         prune_state: bool = False,
-        recall_role: Literal["system", "human"] = "system",
+        recall_role: Literal["user", "human", "system"] = "user",
         prompt_cache_key: CacheKey = False,
     ) -> None:
         super().__init__()
         if not isinstance(demoter, Demoter):
             raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-        if recall is not None and not callable(getattr(recall, "search", None)):
-            raise ConfigError(f"recall: {recall!r} has no search(conversation_id, query, k)")
         self.demoter = demoter
         self.recall = recall
-        self.recall_k = count("recall_k", recall_k)
-        self.recall_budget_tokens = (
-            None
-            if recall_budget_tokens is None
-            else count("recall_budget_tokens", recall_budget_tokens)
+        self._recall = RecallSettings.make(
+            recall, recall_k, recall_budget_tokens, recall_role, demoter.policy
         )
+        self._recall_memo = RecallMemo()
+        self.recall_k = recall_k
+        self.recall_budget_tokens = None if self._recall is None else self._recall.budget
         if conversation_id is not None and not callable(conversation_id):
             raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
         self.conversation_id = conversation_id
         self.prune_state = bool(prune_state)
-        if recall_role not in ("system", "human"):
-            raise ConfigError(f"recall_role: must be 'system' or 'human', got {recall_role!r}")
-        self._recall_message = SystemMessage if recall_role == "system" else HumanMessage
         self.prompt_cache_key = cache_key_option(prompt_cache_key)
         self._tool_tokens: OrderedDict[int, tuple[object, int]] = OrderedDict()
         self._tool_lock = threading.Lock()
@@ -357,6 +350,11 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     def _describe(self, message: BaseMessage) -> MessageRecord:
         return to_core(message, self.demoter.describe)
 
+    def _recall_tokens(self, text: str) -> int:
+        """What the recall message with ``text`` costs as sent (the window's own count)."""
+        system = self._recall is not None and self._recall.role == "system"
+        return self._describe(SystemMessage(text) if system else HumanMessage(text)).tokens
+
     def _reserved(self, request: ModelRequest[Any]) -> int:
         """Tokens of the request outside its messages: system message and tools.
 
@@ -382,11 +380,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             if hit is not None and hit[0] is tool:
                 self._tool_tokens.move_to_end(key)
                 return hit[1]
-        try:
-            schema: Any = convert_to_openai_tool(tool)
-        except Exception:  # a provider's own tool dict (web search, ...): as given
-            schema = tool
-        tokens = counter(json.dumps(schema, default=str, separators=(",", ":")))
+        tokens = _tool_tokens(tool, counter)
         with self._tool_lock:
             self._tool_tokens[key] = (tool, tokens)  # the object too: its id stays its own
             if len(self._tool_tokens) > _TOOLS_KEPT:
@@ -409,6 +403,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         return first_message_conversation_id(request.state["messages"])
 
     def _prepare(self, request: ModelRequest[Any]) -> Flow:
+        check_checkpointer(self, self.demoter)  # first call: a durable saver, state in memory?
         cid = self._conversation(request)
         messages: Sequence[BaseMessage] = request.messages
         pruned = cast("PrunedPrefix | None", request.state.get(PRUNED_KEY))
@@ -421,49 +416,35 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             )
 
         reserved = self._reserved(request)
+        recall = self._recall
+        if recall is not None:
+            reserved += recall.reserve  # the window makes room for the recall message
         window: Window[BaseMessage] = yield Load(
             self.demoter, cid, messages, self._describe, reserved, absent
         )
-        sent = render_window(window)
-        events = list(window.events)
-        recalled = 0
-        if self.recall is not None:
-            # The opener's own words, not its progress note (the user message after it).
-            opener_at = len(window.pinned) if window.opener is not None else None
-            note_at = opener_at + 1 if opener_at is not None and window.summary else None
-            at = next(
-                (
-                    i
-                    for i in range(len(sent) - 1, -1, -1)
-                    if i != note_at and message_role(sent[i]) == "user"
-                ),
-                None,
+        events = window.events
+        recalling = None
+        if recall is not None:
+            recalling, found = yield from recall_flow(
+                recall,
+                self.demoter,
+                window,
+                is_user=_is_user,
+                text_of=message_text,
+                key=_role_text,
+                count=self._recall_tokens,
+                memo=self._recall_memo,
             )
-            source = window.opener if at is not None and at == opener_at else None
-            query = message_text(source or sent[at]) if at is not None else ""
-            if at is not None and query.strip():
-                began = time.perf_counter()
-                try:
-                    hits: list[Recalled] = yield Search(
-                        self.recall, cid, query, self.recall_k, self.recall_budget_tokens
-                    )
-                except Exception as exc:  # the window goes without recall, reported
-                    events.append(self.demoter.report_degraded(cid, "recall", exc))
-                else:
-                    # Only the long tail: a message still in the window is sent anyway.
-                    hits = [
-                        h for h in hits if h.index < window.start and h.index != window.opener_index
-                    ]
-                    if hits:
-                        sent.insert(at, self._recall_message(render_recall(hits)))
-                    event = DemoteEvent.recalled(cid, hits, time.perf_counter() - began)
-                    self.demoter.emit(event)
-                    events.append(event)
-                    recalled = len(hits)
+            if found:
+                events = (*events, *found)
+        sent = render_window(window, recalling, recall_role=recall.role if recall else "user")
+        recalled = len(recalling.hits) if recalling is not None else 0
 
         update = prune_update(cid, window, request.messages, pruned) if self.prune_state else None
         metadata = {"demote": _run_metadata(window, recalled, reserved)}
-        settings = keyed_settings(self.prompt_cache_key, cid, request.model_settings)
+        settings = None
+        if self.prompt_cache_key is not False and takes_cache_key(request.model):
+            settings = keyed_settings(self.prompt_cache_key, cid, request.model_settings)
         if len(sent) == len(request.messages) and all(map(operator.is_, sent, request.messages)):
             # The whole request: hand it on untouched (its messages list, at least).
             if settings is not None:
@@ -473,6 +454,35 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         if settings is not None:
             to_send = to_send.override(model_settings=settings)
         return Prepared(to_send, request, tuple(sent), update, tuple(events), metadata)
+
+
+def _tool_tokens(tool: BaseTool | dict[str, Any], counter: Callable[[str], int]) -> int:
+    """A tool definition's tokens under ``counter``, at least what LangChain counts.
+
+    Under the default counter (four characters a token), the larger of
+    ``count_tokens_approximately``'s count of the tool as given (a ``BaseTool``: its name,
+    description and parameters) and of the definition the provider is sent
+    (``convert_to_openai_tool``'s, which wraps them): the window stays within the limit
+    whichever of the two a caller counts (eight tools differ by about 70 tokens). Under
+    another counter, the JSON schema the provider is sent, counted by it.
+    """
+    try:
+        schema: Any = convert_to_openai_tool(tool)
+    except Exception:  # a provider's own tool dict (web search, ...): as given
+        schema = tool
+    if counter is approximate_tokens:
+        given = count_tokens_approximately([], tools=[tool])
+        sent = given if schema is tool else count_tokens_approximately([], tools=[schema])
+        return max(given, sent)
+    return counter(json.dumps(schema, default=str, separators=(",", ":")))
+
+
+def _is_user(message: BaseMessage) -> bool:
+    return message_role(message) == "user"
+
+
+def _role_text(message: BaseMessage) -> tuple[str, str]:
+    return message_role(message), message_text(message)
 
 
 def _run_metadata(window: Window[BaseMessage], recalled: int, reserved: int) -> dict[str, Any]:

@@ -19,19 +19,26 @@ included), each returning a list of violations (empty: valid):
      each 'tool_call_id'"; Anthropic: tool_use blocks must be followed immediately by
      their tool_result blocks).
 
-- :func:`anthropic_violations`: langchain-anthropic's own message formatting
-  (``langchain_anthropic.chat_models._format_messages``, what ``ChatAnthropic`` sends),
-  then the same pairing rules on the payload it builds: tool_result blocks answer the
-  tool_use blocks of the assistant message just before, come first in their user
-  message, and every tool_use is answered there; the first message has the user role;
-  no message has empty content.
-- :func:`openai_violations`: langchain-openai's own conversion
-  (``langchain_openai.chat_models.base._convert_message_to_dict``, what ``ChatOpenAI``
-  sends to chat completions), then the pairing rules on the dicts it builds.
+- :func:`anthropic_violations`: langchain-anthropic's own request builder
+  (``ChatAnthropic._get_request_payload``, what ``ChatAnthropic`` sends, with the call's
+  settings: bound tools, ``cache_control``), then the same pairing rules on the payload it
+  builds: tool_result blocks answer the tool_use blocks of the assistant message just
+  before, come first in their user message, and every tool_use is answered there; the
+  first message has the user role; no message has empty content. An error it raises
+  (``Received multiple non-consecutive system messages``) and a warning it gives (a
+  system message after the conversation began is moved into the system block) are
+  violations.
+- :func:`openai_violations`: langchain-openai's own request builder
+  (``ChatOpenAI._get_request_payload``, what ``ChatOpenAI`` sends to chat completions),
+  then the pairing rules on the dicts it builds; its errors and warnings are violations.
 
-Both converters are private functions of the installed versions (pinned in the
-``providers`` extra, ``pip install 'demote[providers]'``); they run without a network or an
-API key, and are imported on first use (a missing one raises
+:func:`anthropic_payload` and :func:`openai_payload` give the payloads themselves (without
+network or API key), for checks of what stays byte-identical between two requests: the
+Anthropic ``system`` block, and the prefix a prompt cache reads.
+
+Both builders are private methods of the installed versions (pinned in the ``providers``
+extra, ``pip install 'demote[providers]'``); they run without a network (a placeholder API
+key is given), and are imported on first use (a missing one raises
 :class:`~demote.errors.MissingExtraError`). An exception from one is a violation. The
 validity tests and the agent benchmark (:mod:`bench.agents`, :mod:`bench.agents_real`)
 count invalid requests with :func:`violations`; use it to check the requests of your own
@@ -41,7 +48,7 @@ agent the same way.
 from __future__ import annotations
 
 import functools
-import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,8 +58,9 @@ from langchain_core.messages import content as _content
 from demote.errors import MissingExtraError
 
 __all__ = [
+    "anthropic_payload",
     "anthropic_violations",
-    "is_valid",
+    "openai_payload",
     "openai_violations",
     "ordering_violations",
     "violations",
@@ -116,31 +124,99 @@ def ordering_violations(messages: Sequence[BaseMessage]) -> list[str]:
     return out
 
 
-def _anthropic_format(messages: Sequence[BaseMessage]) -> tuple[Any, list[dict[str, Any]]]:
+_OFFLINE_KEY = "offline-check"  # the builders need a key to construct; nothing is sent
+
+
+def _anthropic_model() -> Any:
     try:
-        from langchain_anthropic.chat_models import _format_messages
+        from langchain_anthropic.chat_models import ChatAnthropic
     except ImportError as exc:
         raise MissingExtraError("langchain-anthropic", "providers") from exc
-
-    _cache_block_types()
-
-    params = inspect.signature(_format_messages).parameters
-    if "model" in params:
-        return _format_messages(list(messages), model="claude-sonnet-4-5")
-    return _format_messages(list(messages))  # type: ignore[call-arg]  # older releases
+    return _model(ChatAnthropic, "claude-sonnet-4-5")
 
 
-def anthropic_violations(messages: Sequence[BaseMessage]) -> list[str]:
-    """What Anthropic's Messages API would reject, from langchain-anthropic's own payload."""
+def _openai_model() -> Any:
     try:
-        _system, formatted = _anthropic_format(messages)
+        from langchain_openai.chat_models.base import ChatOpenAI
+    except ImportError as exc:
+        raise MissingExtraError("langchain-openai", "providers") from exc
+    return _model(ChatOpenAI, "gpt-4.1")
+
+
+@functools.cache
+def _model(cls: Any, name: str) -> Any:
+    """One offline instance of a provider's chat model (its builder needs no more)."""
+    return cls(model=name, api_key=_OFFLINE_KEY)
+
+
+def _built(
+    model: Any, messages: Sequence[BaseMessage], settings: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The builder's payload and the warnings it gave (an exception propagates)."""
+    _cache_block_types()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        payload = model._get_request_payload(list(messages), **settings)
+    said = [f"{w.category.__name__}: {w.message}" for w in caught]
+    return payload, said
+
+
+def _tool_settings(model: Any, tools: Sequence[Any] | None) -> dict[str, Any]:
+    if not tools:
+        return {}
+    return dict(model.bind_tools(list(tools)).kwargs)
+
+
+def anthropic_payload(
+    messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
+) -> dict[str, Any]:
+    """What ``ChatAnthropic`` would send for ``messages`` (built offline).
+
+    Args:
+        messages: The request's messages, system prompt included.
+        tools: The tools bound to the model (as ``bind_tools`` takes them).
+        **settings: Call settings (``cache_control``, ...), as a model call passes them.
+
+    Raises:
+        MissingExtraError: langchain-anthropic is not installed.
+        Exception: Whatever the builder raises for a request it refuses.
+    """
+    model = _anthropic_model()
+    return _built(model, messages, {**_tool_settings(model, tools), **settings})[0]
+
+
+def openai_payload(
+    messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
+) -> dict[str, Any]:
+    """What ``ChatOpenAI`` would send for ``messages`` (built offline).
+
+    Arguments and errors as :func:`anthropic_payload`'s.
+    """
+    model = _openai_model()
+    return _built(model, messages, {**_tool_settings(model, tools), **settings})[0]
+
+
+def anthropic_violations(
+    messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
+) -> list[str]:
+    """What Anthropic's Messages API would reject, from langchain-anthropic's own payload.
+
+    Args:
+        messages: The request's messages, system prompt included.
+        tools: The tools bound to the model, if any.
+        **settings: The call's settings (``cache_control``, ...).
+    """
+    model = _anthropic_model()
+    try:
+        payload, said = _built(model, messages, {**_tool_settings(model, tools), **settings})
     except MissingExtraError:
         raise
-    except Exception as exc:  # the converter refusing is the finding
+    except Exception as exc:  # the builder refusing is the finding
         return [f"langchain-anthropic: {type(exc).__name__}: {exc}"]
-    out: list[str] = []
+    out = [f"langchain-anthropic warns: {w}" for w in said]
+    formatted: list[dict[str, Any]] = payload.get("messages") or []
     if not formatted:
-        return ["anthropic: no messages"]
+        return [*out, "anthropic: no messages"]
     if formatted[0]["role"] != "user":
         out.append(f"anthropic: first message has role {formatted[0]['role']!r}")
     previous_uses: list[str] = []
@@ -180,18 +256,25 @@ def anthropic_violations(messages: Sequence[BaseMessage]) -> list[str]:
     return out
 
 
-def openai_violations(messages: Sequence[BaseMessage]) -> list[str]:
-    """What OpenAI's chat completions would reject, from langchain-openai's own dicts."""
-    try:
-        from langchain_openai.chat_models.base import _convert_message_to_dict
-    except ImportError as exc:
-        raise MissingExtraError("langchain-openai", "providers") from exc
+def openai_violations(
+    messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
+) -> list[str]:
+    """What OpenAI's chat completions would reject, from langchain-openai's own payload.
 
+    Args:
+        messages: The request's messages, system prompt included.
+        tools: The tools bound to the model, if any.
+        **settings: The call's settings (``prompt_cache_key``, ...).
+    """
+    model = _openai_model()
     try:
-        dicts = [_convert_message_to_dict(m) for m in messages]
-    except Exception as exc:  # the converter refusing is the finding
+        payload, said = _built(model, messages, {**_tool_settings(model, tools), **settings})
+    except MissingExtraError:
+        raise
+    except Exception as exc:  # the builder refusing is the finding
         return [f"langchain-openai: {type(exc).__name__}: {exc}"]
-    out: list[str] = []
+    out = [f"langchain-openai warns: {w}" for w in said]
+    dicts: list[dict[str, Any]] = payload.get("messages") or []
     pending: list[str] = []
     allowed: set[str] = set()
     for i, d in enumerate(dicts):
@@ -206,6 +289,8 @@ def openai_violations(messages: Sequence[BaseMessage]) -> list[str]:
                 allowed.discard(cid)
                 pending.remove(cid)
             continue
+        if role == "system" and i and any(x.get("role") != "system" for x in dicts[:i]):
+            out.append(f"openai [{i}]: system message after the conversation began")
         if pending:
             out.append(
                 f"openai [{i}]: tool_calls {pending} not answered before this {role} message"
@@ -219,15 +304,22 @@ def openai_violations(messages: Sequence[BaseMessage]) -> list[str]:
     return out
 
 
-def violations(messages: Sequence[BaseMessage]) -> list[str]:
-    """Every violation of one request: the ordering rules and both providers' payloads."""
+def violations(
+    messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
+) -> list[str]:
+    """Every violation of one request: the ordering rules and both providers' payloads.
+
+    Args:
+        messages: The request's messages, system prompt included.
+        tools: The tools bound to the model, if any.
+        **settings: The call's settings, passed to both builders (each provider's own:
+            ``cache_control`` is Anthropic's, ``prompt_cache_key`` OpenAI's; one builder
+            is not given the other's).
+    """
+    anthropic = {k: v for k, v in settings.items() if k != "prompt_cache_key"}
+    openai = {k: v for k, v in settings.items() if k != "cache_control"}
     return [
         *ordering_violations(messages),
-        *anthropic_violations(messages),
-        *openai_violations(messages),
+        *anthropic_violations(messages, tools=tools, **anthropic),
+        *openai_violations(messages, tools=tools, **openai),
     ]
-
-
-def is_valid(messages: Sequence[BaseMessage]) -> bool:
-    """Whether both providers would accept ``messages`` (no violation at all)."""
-    return not violations(messages)

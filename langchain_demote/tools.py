@@ -1,6 +1,6 @@
 """``recall_tool``: an agent searches its own long tail, and fetches cleared tool results.
 
-``DemotingMiddleware(recall=archive)`` injects recall before the newest human message,
+``DemotingMiddleware(recall=archive)`` injects recall right after the newest human message,
 which suits a chat. An agent also needs to look something up when *it* decides to, and to
 get back a tool result the window cleared (its placeholder names the archived key; see
 :func:`demote.window.clearing.placeholder_text`). :func:`recall_tool` gives it a LangChain tool
@@ -117,12 +117,13 @@ class RecallTool(BaseTool):
         key: str | None = None,
         k: int | None = None,
         budget_tokens: int | None = None,
+        start: int | None = None,
         runtime: Any = None,
         *,
         config: RunnableConfig,
         run_manager: CallbackManagerForToolRun | None = None,
     ) -> str:
-        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens}
+        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens, "start": start}
         result: str = drive_sync(self._flow({**args, "runtime": runtime}, config))
         return result
 
@@ -132,12 +133,13 @@ class RecallTool(BaseTool):
         key: str | None = None,
         k: int | None = None,
         budget_tokens: int | None = None,
+        start: int | None = None,
         runtime: Any = None,
         *,
         config: RunnableConfig,
         run_manager: AsyncCallbackManagerForToolRun | None = None,
     ) -> str:
-        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens}
+        args = {"query": query, "key": key, "k": k, "budget_tokens": budget_tokens, "start": start}
         result: str = await drive_async(self._flow({**args, "runtime": runtime}, config))
         return result
 

@@ -8,6 +8,8 @@ Install with ``pip install 'demote[llamaindex]'``::
     chat_engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
 
 - :mod:`llamaindex_demote.memory`: :class:`DemotingMemory`.
+- :mod:`llamaindex_demote.blocks`: :class:`MemoryBlocksHook`, which feeds LlamaIndex memory
+  blocks what leaves the window (``from_defaults(memory_blocks=[...])`` makes one).
 - :mod:`llamaindex_demote.llm`: :class:`DemotingLLM`, which bounds every LLM call of an
   agent run (``FunctionAgent(tools, llm=DemotingLLM(llm))``), the run's own steps included.
 - :mod:`llamaindex_demote.persist`: how a memory is saved and restored (``to_dict``,
@@ -28,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
     raise MissingExtraError("llama-index-core", "llamaindex") from exc
 
+from llamaindex_demote.blocks import MemoryBlocksHook
 from llamaindex_demote.llm import DemotingLLM
 from llamaindex_demote.memory import DemotingMemory
 from llamaindex_demote.messages import RECALL_PREFIX, from_core, to_core
@@ -38,6 +41,7 @@ __all__ = [
     "DemotingLLM",
     "DemotingMemory",
     "LLMSummarizer",
+    "MemoryBlocksHook",
     "RECALL_PREFIX",
     "from_core",
     "recall_tool",

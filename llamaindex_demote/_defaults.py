@@ -6,19 +6,39 @@ built here from ``policy=``, ``hook=`` and ``state=``. A private window is sized
 ``SimpleChatEngine.from_defaults``), else a share of ``llm``'s context window, as
 LlamaIndex's ``ChatMemoryBuffer`` sizes its own. ``session_id`` is the name LlamaIndex's
 ``Memory`` gives the conversation id: it is the ``chat_store_key``.
+
+A private demoter built without ``hook=`` demotes to ``NoopHook``: what leaves the window
+stays in the chat store (demote never deletes from it) but reaches no long tail, so nothing
+can recall it. That is a legitimate memory (LlamaIndex's ``ChatMemoryBuffer`` trims the
+same way), but rarely what someone who reached for demote meant, so it warns
+(:class:`~demote.DemoteWarning`, at the caller's line) and says how to choose:
+``hook=SQLiteArchive(path)`` for a long tail, ``hook=NoopHook()`` for a window alone.
+There is no default long tail: an archive file written where the process happens to run,
+unasked, or an in-memory one that grows without bound and is gone at exit (and that no
+other worker shares), would each surprise someone.
 """
 
 from __future__ import annotations
+
+import warnings
 
 from llama_index.core.llms.llm import LLM
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY
 
 from demote.engine import Demoter
-from demote.errors import ConfigError
+from demote.errors import ConfigError, DemoteWarning
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
 
-__all__ = ["LLM_WINDOW_RATIO", "build_demoter", "conversation_key"]
+__all__ = [
+    "LLM_WINDOW_RATIO",
+    "REFUSED_MEMORY_OPTIONS",
+    "build_demoter",
+    "check_insert_method",
+    "conversation_key",
+    "refuse_options",
+    "tokenizer_policy",
+]
 
 #: Share of an LLM's context window used for the window when only ``llm=`` sizes it
 #: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
@@ -32,8 +52,12 @@ def build_demoter(
     state: StateStore | None,
     token_limit: int | None,
     llm: LLM | None,
+    *,
+    stacklevel: int = 3,
 ) -> Demoter:
     """The shared ``demoter``, or a private one (see the module docstring).
+
+    ``stacklevel`` points the no-hook warning at the caller of ``from_defaults``.
 
     Raises:
         ConfigError: Both a demoter and parts of one, or nothing sizes the window.
@@ -50,7 +74,17 @@ def build_demoter(
         if token_limit is None:
             raise ConfigError("give demoter=, policy= or token_limit= to size the window")
         policy = SlidingWindow.last_tokens(token_limit)
-    return Demoter(policy, hook, state=state)
+    built = Demoter(policy, hook, state=state)  # (a bad option fails before the warning)
+    if hook is None:
+        warnings.warn(
+            "DemotingMemory.from_defaults without hook= or demoter=: messages that leave the "
+            "window stay in the chat store but go to no long tail (nothing can recall "
+            "them); pass hook=SQLiteArchive('archive.db') (and recall= the same archive) "
+            "to keep them searchable, or hook=NoopHook() if a window alone is meant",
+            DemoteWarning,
+            stacklevel=stacklevel,
+        )
+    return built
 
 
 def conversation_key(chat_store_key: str, session_id: str | None) -> str:
@@ -68,3 +102,89 @@ def conversation_key(chat_store_key: str, session_id: str | None) -> str:
             "two conversations; give one of them"
         )
     return session_id
+
+
+#: ``Memory.from_defaults`` options that ``DemotingMemory.from_defaults`` does not take,
+#: and what to use instead (the others carry over: see ``from_defaults``).
+#: (``token_flush_size`` carries over as the size of the pieces the memory blocks are fed:
+#: the window's own cuts are its policy's.)
+REFUSED_MEMORY_OPTIONS = {
+    "image_token_size_estimate": (
+        "demote counts images as the providers bill them (by size); "
+        "pass policy=SlidingWindow.last_tokens(limit, counter=...) to count otherwise"
+    ),
+    "audio_token_size_estimate": "demote counts audio as the providers bill it",
+    "video_token_size_estimate": "demote counts video as the providers bill it",
+    "table_name": "an option of Memory's SQL chat store",
+    "async_database_uri": "an option of Memory's SQL chat store",
+    "async_engine": "an option of Memory's SQL chat store",
+    "db_schema": "an option of Memory's SQL chat store",
+}
+
+_SQL_STORE = (
+    "; DemotingMemory keeps the history in any BaseChatStore (chat_store=, a "
+    "SimpleChatStore by default) and what leaves the window in its hook, and survives "
+    "restarts with state=SQLiteStateStore(path)"
+)
+
+
+def refuse_options(options: dict[str, object]) -> None:
+    """Raise for options ``from_defaults`` does not take, saying what to use instead.
+
+    Raises:
+        ConfigError: Always, when ``options`` is not empty: a ``Memory`` option is named
+            with its replacement, any other as unexpected.
+    """
+    if not options:
+        return
+    for name in sorted(options):
+        why = REFUSED_MEMORY_OPTIONS.get(name)
+        if why is not None:
+            tail = _SQL_STORE if why.startswith("an option of") else ""
+            raise ConfigError(f"DemotingMemory.from_defaults: {name}: {why}{tail}")
+    raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(options)}")
+
+
+def tokenizer_policy(
+    tokenizer_fn: object, token_limit: int | None, policy: object, demoter: object
+) -> SlidingWindow:
+    """The private window ``Memory``'s ``tokenizer_fn`` counts: ``token_limit`` tokens of it.
+
+    Raises:
+        ConfigError: ``tokenizer_fn`` is not callable, or comes with ``policy=`` or
+            ``demoter=`` (whose counter counts), or without ``token_limit=``.
+    """
+    if not callable(tokenizer_fn):
+        raise ConfigError(
+            f"tokenizer_fn: expected a callable str -> list, got {tokenizer_fn!r:.80}"
+        )
+    if policy is not None or demoter is not None:
+        raise ConfigError(
+            "tokenizer_fn: counts the window made from token_limit=; with policy= or "
+            "demoter=, give the policy counter=lambda text: len(tokenizer_fn(text))"
+        )
+    if token_limit is None:
+        raise ConfigError("tokenizer_fn: give token_limit=, the window it counts")
+    fn = tokenizer_fn
+    return SlidingWindow.last_tokens(token_limit, counter=lambda text: len(fn(text)))
+
+
+def check_insert_method(insert_method: object) -> None:
+    """Accept ``Memory``'s ``insert_method="user"``; refuse ``"system"``, saying why.
+
+    Raises:
+        ConfigError: ``insert_method`` is ``"system"`` or not an insert method.
+    """
+    value = getattr(insert_method, "value", insert_method)
+    if value == "user":
+        return
+    if value == "system":
+        raise ConfigError(
+            "insert_method='system': demote never changes the system block; with the blocks "
+            "in the system message, the system prompt would change whenever a block does "
+            "(a vector block: every question) and the provider's prompt cache would be "
+            "written again from its first token at every such turn; the memory blocks are "
+            "sent as user messages placed by when they change: use insert_method='user' "
+            "(the default)"
+        )
+    raise ConfigError(f"insert_method: must be 'user' (or 'system', refused), got {value!r:.40}")

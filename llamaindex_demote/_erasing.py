@@ -1,6 +1,6 @@
 """Erasing a memory's conversation: its chat store key, its demotion state, its long tail.
 
-``DemotingMemory.erase`` runs :func:`demote.engine._erase_flow.erase_conversation` with the
+``DemotingMemory.erase`` runs :func:`demote.engine.erase_conversation` with the
 chat store as the inner store: the messages of ``chat_store_key`` are read (at their
 positions, which their dedup keys hold), deleted from the chat store unless the caller
 keeps them, then the engine erases the state and every tier behind the hook, and the
@@ -12,9 +12,9 @@ from __future__ import annotations
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.storage.chat_store import BaseChatStore
 
-from demote.backends.flow import Call, Flow
-from demote.engine._erase_flow import Twin, erase_conversation
+from demote.engine import erase_conversation
 from demote.erase import EraseReport
+from demote.flow import Call, Flow, Twin
 from llamaindex_demote._prompt import Parts
 
 __all__ = ["erase_chat"]
@@ -45,6 +45,7 @@ def erase_chat(
         parts.describe,
         read=Twin(held, aheld),
         clear=Call(chat_store, "delete_messages", (conversation_id,), {}) if inner else None,
+        inner=(chat_store, "chat store"),
         also=() if parts.capture is None else (parts.capture,),
         wait=wait,
     )

@@ -167,6 +167,7 @@ class Run:
     last: str | None  # fingerprint of the last stored message
     history: list[ChatMessage]
     describe: Callable[[ChatMessage], MessageRecord]
+    reserved: int = 0  # what the call counted besides the history (prefix, tools, recall)
 
 
 _runs: OrderedDict[tuple[int, str], Run] = OrderedDict()
@@ -190,11 +191,12 @@ def run_history(
     conversation_id: str,
     stored: Sequence[ChatMessage],
     describe: Callable[[ChatMessage], MessageRecord],
-) -> tuple[list[ChatMessage], Callable[[ChatMessage], MessageRecord]] | None:
-    """``stored`` and the steps of the run in flight over it, and how to describe them.
+) -> tuple[list[ChatMessage], Callable[[ChatMessage], MessageRecord], int] | None:
+    """``stored`` and the steps of the run in flight over it, as that run's call read them.
 
-    ``None`` unless an LLM call of a run loaded exactly ``stored`` (its length and last
-    message) followed by steps: the memory then reads what that call read.
+    With how to describe them and the tokens that call reserved. ``None`` unless an LLM
+    call of a run loaded exactly ``stored`` (its length and last message) followed by
+    steps: the memory then reads what that call read, as it read it.
     """
     with _lock:
         run = _runs.get((id(demoter), conversation_id))
@@ -204,7 +206,7 @@ def run_history(
         return None
     if stored and describe(stored[-1]).fingerprint != run.last:
         return None
-    return [*stored, *run.history[run.stored :]], run.describe
+    return [*stored, *run.history[run.stored :]], run.describe, run.reserved
 
 
 def stored_part(window: Window[ChatMessage], stored: int) -> Window[ChatMessage]:

@@ -2,7 +2,7 @@
 
 :func:`prepare` is a generator, written once for the sync and async LLM methods, that
 yields its I/O (the chat store's read, the Demoter's load, the recall search) as
-:class:`~demote.engine._erase_flow.Twin` operations; ``drive_sync`` and ``drive_async``
+:class:`~demote.flow.Twin` operations; ``drive_sync`` and ``drive_async``
 run it. Steps:
 
 1. find the ``DemotingMemory`` read the request was built from
@@ -25,8 +25,12 @@ run it. Steps:
    of the run without steps of its own (``early_stopping_method="generate"``'s last
    call). When the run ends, the memory's next read finds every step where it was
    numbered: nothing is handed over again;
-4. render the window as the memory does (:func:`llamaindex_demote._prompt.assemble`, recall
-   as its reads place it) and put the prefix in front and the instructions after it.
+4. render the window as the memory does (:func:`demote.request.compose`, recall as its
+   reads place it: right after the question, the same at every call of the run until a
+   cut; the memory blocks as its reads place them, :mod:`llamaindex_demote._block_slots`)
+   and put the prefix in front and the instructions after it. In a token window the
+   prefix, the instructions, the tool schemas, the recall's budget and the blocks' are all
+   counted toward the limit, so the whole request stays within it.
 
 ``ReActAgent`` keeps its steps as text: an assistant message (``Thought: ... Action: ...``)
 and a user message (``Observation: ...``); ``CodeActAgent`` sends the output of the code
@@ -45,13 +49,12 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
-from demote.backends.flow import Flow
 from demote.engine import Window
-from demote.engine._erase_flow import Twin
+from demote.flow import Flow, Twin
 from demote.records import MessageRecord
-from llamaindex_demote._prompt import Parts, assemble
+from llamaindex_demote._prompt import Parts
 from llamaindex_demote._reads import Run, find, note_run, run_history, stored_part
-from llamaindex_demote._recalling import with_recall
+from llamaindex_demote._shaping import shape
 from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import opened_calls, text_of, to_data
 
@@ -145,26 +148,26 @@ def prepare(
     # No steps of its own, inside a run (early stopping's last call): read what the run's
     # newest call read, as the memory's reads do, and show the stored part.
     inside = None if steps else run_history(demoter, cid, stored, parts.describe)
-    if inside is not None:
-        history, describe = inside
     reserved = 0
-    if demoter.policy.unit == "tokens":
+    if inside is not None:
+        history, describe, reserved = inside
+    elif demoter.policy.unit == "tokens":
         reserved = sum(parts.describe(m).tokens for m in (*prefix, *suffix))
         reserved += tool_tokens(demoter.policy.resolved_counter())
+        reserved += parts.reserve()  # the recall message's budget
     load = functools.partial(demoter.load, cid, history, describe, reserved=reserved)
     aload = functools.partial(demoter.aload, cid, history, describe, reserved=reserved)
     window: Window[ChatMessage] = yield Twin(load, aload)
     if inside is None:
         last = parts.describe(stored[-1]).fingerprint if stored else None
-        note_run(Run(demoter, len(stored), last, history, describe), cid)
+        note_run(Run(demoter, len(stored), last, history, describe, reserved), cid)
     else:
         window = stored_part(window, len(stored))
     if window.events:
         emit_events(window.events)
-    if parts.recall is None:
-        body = assemble(window)
-    else:  # as the memory's reads do: the newest user message is the query
-        body = yield from with_recall(parts, cid, window, None)
+    # As the memory's reads do: recall and the memory blocks, the newest user message the
+    # question.
+    body = yield from shape(parts, window, None)
     sent = [*prefix, *body, *suffix]
     if len(sent) == len(messages) and all(a is b for a, b in zip(sent, messages, strict=True)):
         sent = list(messages)  # the whole request: nothing cut, cleared or added

@@ -1,8 +1,9 @@
 """The LlamaIndex half of ``demote demo``: an offline LLM and a chat store kept in a file.
 
-Loaded by name from :mod:`demote.cli.demo` (and used by the notebooks), so the core never
-imports LlamaIndex. The LLM reports itself as function-calling, so it also drives a
-``FunctionAgent``; it never calls a tool, it answers from what the memory gave it.
+Registered in the ``demote.demo`` entry point group (a
+:class:`~demote.cli.demo_parts.DemoHalf`), so the core never imports LlamaIndex. The LLM
+reports itself as function-calling, so it also drives a ``FunctionAgent``; it never calls
+a tool, it answers from what the memory gave it.
 """
 
 from __future__ import annotations
@@ -187,6 +188,9 @@ def play(
         chat_store_key=LLAMAINDEX_ID,
         recall=hook.archive,
         recall_k=3,
+        # The demo shows recall at work: a larger budget than the default share of its
+        # small limit (priced for cached chats: see docs/request.md).
+        recall_budget_tokens=200,
     )
     engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=SYSTEM_PROMPT)
     with progress_bar(options.progress, err, len(turns), "LlamaIndex") as bar:

@@ -59,7 +59,6 @@ it later leaves the window, is archived as one more message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,8 +77,9 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM, ToolSelection
 from llama_index.core.tools import BaseTool
 
-from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ConfigError
+from demote.flow import drive_async, drive_sync
+from demote.window.tokens import schema_tokens
 from llamaindex_demote._request import Prepared, prepare
 
 __all__ = ["DemotingLLM"]
@@ -137,16 +137,26 @@ class DemotingLLM(FunctionCallingLLM):
         return count
 
     def _tool_count(self, tool: BaseTool, counter: Callable[[str], int]) -> int:
-        """Tokens of one tool's schema as function-calling providers are sent it."""
+        """Tokens of one tool's schema as function-calling providers are sent it.
+
+        Counted as :func:`demote.window.tokens.schema_tokens` counts it: under the default
+        counter, as LangChain counts the same definition (so both paths cut alike).
+        """
         cache = self._tool_tokens
         hit = cache.get(id(tool))
         if hit is not None and hit[0] is tool:
             return hit[1]
+        meta = getattr(tool, "metadata", None)
         try:
-            schema: Any = tool.metadata.to_openai_tool()
+            schema: Any = meta.to_openai_tool()["function"]  # type: ignore[union-attr]
         except Exception:  # a tool without a schema LlamaIndex can build: its name
-            schema = {"name": getattr(getattr(tool, "metadata", None), "name", repr(tool))}
-        tokens = counter(json.dumps(schema, default=str, separators=(",", ":")))
+            schema = {"name": getattr(meta, "name", None) or repr(tool)}
+        tokens = schema_tokens(
+            str(schema.get("name") or ""),
+            str(schema.get("description") or ""),
+            schema.get("parameters") or {},
+            counter,
+        )
         if len(cache) >= _TOOLS_KEPT:
             cache.clear()
         cache[id(tool)] = (tool, tokens)  # the object too: its id stays its own

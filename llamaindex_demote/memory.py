@@ -5,19 +5,26 @@ The full conversation lives in a LlamaIndex chat store (any ``BaseChatStore``; a
 id the :class:`~demote.Demoter` tracks. Writes (``put``, ``put_messages``, ``set``) only
 touch the chat store. Every read (``get``) loads the history through the demoter, which
 plans the window, hands whatever fell out of it to the hook exactly once, and returns the
-window. The memory then assembles what the model sees::
+window. The memory then assembles what the model sees (:func:`demote.request.compose`, the
+same order in every adapter)::
 
     pinned system messages
-    one system message with the running summary (if any)
+    one user message with the running summary (if any)
     the kept messages ...
-    one system message with recalled messages   <- only with recall=, right before the
-    the newest user message ...                    newest user message (or at the end,
-                                                   when that message is not stored yet)
+    the newest user message (the question)
+    one user message with recalled messages   <- only with recall=, right after the
+    ...                                          question (or at the end, when the
+                                                 question is not stored yet)
+
+demote adds no system message: a chat engine's system prompt (its prefix) stays the only
+system block, and never changes. In a token window the prefix (``initial_token_count``,
+which chat engines pass) and the recall's token budget are counted toward the limit, so
+the whole request stays within it.
 
 When the window starts inside a turn (an agent run of many tool steps, put into memory
-when it ended), the summary line above is replaced by the turn's opener, which carries the
-summary of the earlier steps as a progress note, and old tool results come as
-placeholders naming their archived key (see :mod:`llamaindex_demote._prompt`).
+when it ended), the turn's opener comes first, with the summary of the earlier steps as
+a progress note after it, and old tool results come as placeholders naming their
+archived key (see :mod:`llamaindex_demote._prompt`).
 
 LlamaIndex's agents (``FunctionAgent``, ``ReActAgent``, ``AgentWorkflow``) read the memory
 before each model call of a run but keep that run's own steps in their scratchpad, which
@@ -28,10 +35,11 @@ unless the agent's LLM is wrapped in :class:`~llamaindex_demote.DemotingLLM`: ev
 records what it returned (:mod:`llamaindex_demote._reads`), so that LLM finds the
 conversation in each request and bounds the whole of it, the run's steps included.
 
-Recall sits next to the question rather than at the head, so the prompt prefix (pinned,
-summary, older kept messages) stays byte-identical between calls and provider prompt
-caches keep hitting. Recalled text is never written to the chat store, so it is never
-demoted, archived or captured again.
+Recall sits right after the question rather than at the head, so the prompt prefix
+(pinned, summary, older kept messages) stays byte-identical between calls and provider
+prompt caches keep hitting; a question gets one search until the window is cut. Recalled
+text is never written to the chat store, so it is never demoted, archived or captured
+again.
 
 ``reset`` is LlamaIndex's: the chat store and the demotion state are cleared, the long
 tail keeps what it holds. ``erase`` also deletes the conversation from every tier behind
@@ -49,34 +57,48 @@ its ``search`` in a thread). LlamaIndex agents only call the async methods.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.llm import LLM
+from llama_index.core.memory.memory import BaseMemoryBlock, InsertMethod
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
+from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
+from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore
 
-from demote._checks import check_message, check_messages
-from demote._validate import count
-from demote.backends.flow import Flow, drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.erase import EraseReport
 from demote.errors import ConfigError
+from demote.flow import Flow, drive_async, drive_sync
 from demote.hooks.base import Capture, Recall
+from demote.hooks.simple import FanOutHook
+from demote.kit import check_message, check_messages, count
+from demote.restarts import check_restarts
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
+from demote.window.tokens import MESSAGE_OVERHEAD
 from llamaindex_demote import _reads as reads
 from llamaindex_demote import persist
+from llamaindex_demote._block_slots import BlockSettings, load_blocks
 from llamaindex_demote._capturing import capture_users, needs_index
-from llamaindex_demote._defaults import build_demoter, conversation_key
+from llamaindex_demote._defaults import (
+    build_demoter,
+    check_insert_method,
+    conversation_key,
+    refuse_options,
+    tokenizer_policy,
+)
 from llamaindex_demote._erasing import erase_chat
-from llamaindex_demote._prompt import Parts, assemble
-from llamaindex_demote._recalling import with_recall
+from llamaindex_demote._prompt import Parts
+from llamaindex_demote._shaping import shape
+from llamaindex_demote.blocks import blocks_hook, feeding_hook
 from llamaindex_demote.instrumentation import dispatcher, emit_events
-from llamaindex_demote.messages import to_core
+from llamaindex_demote.messages import CallNames, to_core
 
 __all__ = ["DemotingMemory", "restore_pickled"]
 
@@ -114,22 +136,44 @@ class DemotingMemory(BaseChatStoreMemory):
         recall_k: int = 5,
         capture: Capture | None = None,
         recall_budget_tokens: int | None = None,
+        recall_role: Literal["user", "system"] = "user",
+        memory_blocks: Sequence[BaseMemoryBlock[Any]] | None = None,
+        memory_blocks_template: BasePromptTemplate | str | None = None,
+        chat_history_token_ratio: float | None = None,
+        block_changes: Mapping[str, str] | None = None,
     ) -> None:
         validate_conversation_id(chat_store_key, "chat_store_key")
         if not isinstance(demoter, Demoter):
             raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-        if recall is not None and not callable(getattr(recall, "search", None)):
-            raise ConfigError(f"recall: {recall!r} has no search(conversation_id, query, k)")
-        count("recall_k", recall_k)
         if capture is not None and not callable(getattr(capture, "capture", None)):
             raise ConfigError(f"capture: {capture!r} has no capture(turn)")
         if chat_store is not None and not isinstance(chat_store, BaseChatStore):
             raise ConfigError(f"chat_store: expected a BaseChatStore, got {chat_store!r:.80}")
+        describe = functools.partial(to_core, describe=demoter.describe, names=CallNames())
+        parts = Parts(
+            demoter, describe, recall, recall_k, capture, recall_budget_tokens, recall_role
+        )
+        blocks = BlockSettings.make(
+            memory_blocks,
+            demoter.policy,
+            ratio=chat_history_token_ratio,
+            template=memory_blocks_template,
+            declared=block_changes,
+            recall_reserve=parts.reserve(),
+        )
+        if blocks is not None:
+            if feeding_hook(demoter.hook, blocks.blocks) is None:
+                raise ConfigError(
+                    "memory_blocks: the demoter's hook does not feed these blocks; build it "
+                    "with hook=MemoryBlocksHook(blocks) (or FanOutHook(archive, "
+                    "MemoryBlocksHook(blocks))), or leave demoter= out and from_defaults "
+                    "makes one"
+                )
+            parts = dataclasses.replace(parts, blocks=blocks)
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
-        describe = functools.partial(to_core, describe=demoter.describe)
-        if recall_budget_tokens is not None:
-            recall_budget_tokens = count("recall_budget_tokens", recall_budget_tokens)
-        self._parts = Parts(demoter, describe, recall, recall_k, capture, recall_budget_tokens)
+        durable = not isinstance(self.chat_store, SimpleChatStore)  # (warned once per process)
+        check_restarts(demoter, self.chat_store, durable=durable)
+        self._parts = parts
 
     @classmethod
     def class_name(cls) -> str:
@@ -153,7 +197,15 @@ class DemotingMemory(BaseChatStoreMemory):
         recall_k: int = 5,
         capture: Capture | None = None,
         recall_budget_tokens: int | None = None,
+        recall_role: Literal["user", "system"] = "user",
         session_id: str | None = None,
+        memory_blocks: Sequence[BaseMemoryBlock[Any]] | None = None,
+        insert_method: InsertMethod | str = "user",
+        memory_blocks_template: BasePromptTemplate | str | None = None,
+        chat_history_token_ratio: float | None = None,
+        block_changes: Mapping[str, str] | None = None,
+        tokenizer_fn: Callable[[str], Sequence[Any]] | None = None,
+        token_flush_size: int | None = None,
         **kwargs: Any,
     ) -> DemotingMemory:
         """Build a memory over a shared demoter, or over a private one built here.
@@ -164,7 +216,8 @@ class DemotingMemory(BaseChatStoreMemory):
                 window, in tokens (as LlamaIndex's ``ChatMemoryBuffer``).
             demoter: A :class:`~demote.Demoter` to share (several memories may use one).
             policy: Window policy of a private demoter (instead of ``demoter``).
-            hook: Where a private demoter demotes to (``NoopHook`` if omitted).
+            hook: Where a private demoter demotes to (``NoopHook`` if omitted, with a
+                :class:`~demote.DemoteWarning`: see :mod:`llamaindex_demote._defaults`).
             state: A private demoter's state store (``InMemoryStateStore`` if omitted;
                 ``SQLiteStateStore`` survives restarts).
             token_limit: Shorthand for ``policy=SlidingWindow.last_tokens(token_limit)``,
@@ -178,12 +231,48 @@ class DemotingMemory(BaseChatStoreMemory):
             recall_k: How many recalled messages ``get`` adds at most.
             capture: Receives each new user message as a
                 :class:`~demote.records.CapturedTurn` (e.g. ``Mem0Capture``).
-            recall_budget_tokens: At most this many tokens of recalled text (counted by
-                the recall, e.g. the archive's counter), best hits first; ``None``: only
-                ``recall_k`` bounds it.
+            recall_budget_tokens: Most tokens the recall message may cost as sent
+                (counted like the window). In a token window it is reserved out of the
+                limit; ``None`` (default) gives a token window
+                :data:`demote.request.RECALL_SHARE` of its limit (1/72: a cached chat then
+                costs about 1.1x what it costs without recall; a larger budget recalls
+                more for more) and a window counted in messages or turns no token budget
+                (``recall_k`` only).
+            recall_role: ``"user"`` (default: valid for every provider) or ``"system"``
+                (only for providers that take system messages anywhere, such as
+                OpenAI's; LlamaIndex's Anthropic LLM moves every system message into the
+                system prompt, which then changes every turn and breaks its cache).
             session_id: The name LlamaIndex's ``Memory`` gives the conversation id: the
                 same as ``chat_store_key`` (give one, or both equal).
-            **kwargs: Rejected: an unknown option raises :class:`~demote.errors.ConfigError`.
+            memory_blocks: LlamaIndex memory blocks (``StaticMemoryBlock``,
+                ``FactExtractionMemoryBlock``, ``VectorMemoryBlock``, your own
+                ``BaseMemoryBlock``), as ``Memory`` takes them: each demoted message is
+                handed to them once, in order (a
+                :class:`~llamaindex_demote.blocks.MemoryBlocksHook`, made here beside
+                ``hook=``; with ``demoter=``, its hook must be one), and their content is
+                sent with every request, placed by when it changes (see
+                :mod:`llamaindex_demote._block_slots`).
+            insert_method: ``"user"`` (``Memory``'s ``InsertMethod.USER``): the blocks
+                are sent as user messages. ``"system"`` is refused: demote never adds a
+                system message.
+            memory_blocks_template: How the blocks are rendered (``Memory``'s
+                ``memory_blocks_template``, its default if omitted).
+            chat_history_token_ratio: The window's share of a token limit (``Memory``'s:
+                0.7 if omitted); the memory blocks get the rest, reserved out of it.
+            block_changes: When a block of your own changes, by its name: ``"never"``,
+                ``"when_fed"`` or ``"per_question"`` (the default for a block demote does
+                not know: it is then read once per question).
+            tokenizer_fn: ``Memory``'s token counter (text to a list of tokens): counts
+                the window made from ``token_limit=``.
+            token_flush_size: ``Memory`` flushes this many tokens at a time to its
+                blocks; here it is the size of the pieces the blocks are fed (whole
+                turns; a tenth of a token limit if omitted, as ``Memory``'s default).
+                How much the window itself drops at a cut is its policy's (a token
+                window is cut well below its limit at once, to keep prompt caches warm;
+                ``eviction=Bulk(overflow=n)`` drops ``n`` at a time).
+            **kwargs: Rejected with a :class:`~demote.errors.ConfigError`; the one for a
+                ``Memory`` option demote does not take (the media estimates, the SQL
+                store's options) says what to use instead.
 
         Returns:
             The memory.
@@ -192,11 +281,32 @@ class DemotingMemory(BaseChatStoreMemory):
             ConfigError: Conflicting or invalid options, or nothing sizes the window.
             MessageTypeError: ``chat_history`` holds something that is not a ChatMessage.
         """
-        if kwargs:
-            raise ConfigError(f"DemotingMemory.from_defaults: unexpected options {sorted(kwargs)}")
+        refuse_options(kwargs)
+        check_insert_method(insert_method)
+        if isinstance(chat_store, AsyncDBChatStore):
+            raise ConfigError(
+                f"chat_store: {type(chat_store).__name__} is Memory's SQL store, whose "
+                "archived rows are its own long tail; give DemotingMemory any BaseChatStore "
+                "(SimpleChatStore by default) for the history, and hook= for what leaves "
+                "the window"
+            )
         chat_store_key = conversation_key(chat_store_key, session_id)
         if chat_history is not None:
             chat_history = check_messages(chat_history, ChatMessage, "chat_history")
+        if tokenizer_fn is not None:
+            policy, token_limit = tokenizer_policy(tokenizer_fn, token_limit, policy, demoter), None
+        if memory_blocks and demoter is None:
+            feed = blocks_hook(memory_blocks, token_flush_size, policy, token_limit, llm)
+            hook = feed if hook is None else FanOutHook(hook, feed)
+            memory_blocks = feed.blocks
+        elif token_flush_size is not None:
+            raise ConfigError(
+                "token_flush_size: sizes the pieces a memory made here feeds its memory "
+                "blocks; with demoter= give its MemoryBlocksHook(blocks, flush_tokens=...)"
+                if memory_blocks
+                else "token_flush_size: sizes the pieces the memory blocks are fed; give "
+                "memory_blocks= (the window's own cuts are its policy's)"
+            )
         memory = cls(
             demoter=build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
@@ -205,6 +315,11 @@ class DemotingMemory(BaseChatStoreMemory):
             recall_k=recall_k,
             capture=capture,
             recall_budget_tokens=recall_budget_tokens,
+            recall_role=recall_role,
+            memory_blocks=memory_blocks,
+            memory_blocks_template=memory_blocks_template,
+            chat_history_token_ratio=chat_history_token_ratio,
+            block_changes=block_changes,
         )
         if chat_history is not None:
             memory.set(chat_history)
@@ -253,20 +368,25 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             ConfigError: A name in ``data`` is not registered in this process.
         """
-        return cls(**persist.load(data, **kwargs))
+        args = persist.load(data, **kwargs)
+        return cls(**args, **load_blocks(data.get("memory_blocks"), args["demoter"]))
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle by reference: the chat store as an object, live parts by name."""
         return (restore_pickled, (self._dump(store_as_json=False),))
 
     def _dump(self, *, store_as_json: bool) -> dict[str, Any]:
-        return persist.dump(
+        parts = self._p
+        data = persist.dump(
             self.class_name(),
             self.chat_store,
             self.chat_store_key,
-            self._p,
+            parts,
             store_as_json=store_as_json,
         )
+        if parts.blocks is not None:  # live blocks: by their place in the demoter's hook
+            data["memory_blocks"] = parts.blocks.dump(parts.demoter.hook)
+        return data
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -303,9 +423,9 @@ class DemotingMemory(BaseChatStoreMemory):
             input: The user's question, if the caller has it (recall query). Without it
                 the newest stored user message is the query.
             initial_token_count: Tokens the caller puts in front of these messages (its
-                prefix). Validated, but it does not shrink the window: the window is the
-                policy's alone, so what is demoted does not depend on which engine reads
-                (budget the prefix into the policy's limit).
+                prefix: ``SimpleChatEngine`` passes its system prompt's). In a token
+                window the window leaves room for it (and for the recall's budget), so
+                the whole request stays within the policy's limit.
             **kwargs: Accepted for LlamaIndex compatibility and ignored.
 
         Returns:
@@ -314,7 +434,11 @@ class DemotingMemory(BaseChatStoreMemory):
         if initial_token_count.__class__ is not int or initial_token_count:
             self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
         parts = self._p
-        out = assemble(self._load(parts)) if parts.recall is None else self._recalling_get(input)
+        reserved = self._reserved(parts, initial_token_count)
+        if parts.recalling is None and parts.blocks is None:
+            out = parts.render(self._load(parts, reserved), None)
+        else:
+            out = self._shaped_get(input, reserved)
         reads.note(self, out, input)
         return out
 
@@ -324,53 +448,71 @@ class DemotingMemory(BaseChatStoreMemory):
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
         if initial_token_count.__class__ is not int or initial_token_count:
             self._check_initial(initial_token_count)
-        if self._p.recall is None:
-            out = assemble(await self._aload())
+        parts = self._p
+        reserved = self._reserved(parts, initial_token_count)
+        if parts.recalling is None and parts.blocks is None:
+            out = parts.render(await self._aload(reserved), None)
         else:
-            out = await self._arecalling_get(input)
+            out = await self._ashaped_get(input, reserved)
         reads.note(self, out, input)
         return out
 
-    def _load(self, parts: Parts) -> Window[ChatMessage]:
+    @staticmethod
+    def _reserved(parts: Parts, initial_token_count: int) -> int:
+        """Tokens the window leaves free: the caller's prefix and the recall's budget.
+
+        Only a token window counts them. The prefix is counted as one more message (its
+        text's tokens, which the caller gives, and a message's framing).
+        """
+        if parts.demoter.policy.unit != "tokens":
+            return 0
+        prefix = initial_token_count + MESSAGE_OVERHEAD if initial_token_count else 0
+        return prefix + parts.reserve()
+
+    def _load(self, parts: Parts, reserved: int = 0) -> Window[ChatMessage]:
         cid = self.chat_store_key
         messages = self.chat_store.get_messages(cid)
         run = None
         if reads.RUNS:  # (only a DemotingLLM records runs: a chat engine's memory has none)
             run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
-            window = parts.demoter.load(cid, messages, parts.describe)
-        else:  # inside a DemotingLLM run: read what its newest LLM call read
-            window = reads.stored_part(parts.demoter.load(cid, *run), len(messages))
+            window = parts.demoter.load(cid, messages, parts.describe, reserved=reserved)
+        else:  # inside a DemotingLLM run: read what its newest LLM call read, as it read it
+            history, describe, reserved = run
+            loaded = parts.demoter.load(cid, history, describe, reserved=reserved)
+            window = reads.stored_part(loaded, len(messages))
         if window.events:
             emit_events(window.events)
         return window
 
-    async def _aload(self) -> Window[ChatMessage]:
+    async def _aload(self, reserved: int = 0) -> Window[ChatMessage]:
         parts, cid = self._p, self.chat_store_key
         messages = await self.chat_store.aget_messages(cid)
         run = None
         if reads.RUNS:
             run = reads.run_history(parts.demoter, cid, messages, parts.describe)
         if run is None:
-            window = await parts.demoter.aload(cid, messages, parts.describe)
-        else:  # inside a DemotingLLM run: read what its newest LLM call read
-            window = reads.stored_part(await parts.demoter.aload(cid, *run), len(messages))
+            window = await parts.demoter.aload(cid, messages, parts.describe, reserved=reserved)
+        else:  # inside a DemotingLLM run: read what its newest LLM call read, as it read it
+            history, describe, reserved = run
+            loaded = await parts.demoter.aload(cid, history, describe, reserved=reserved)
+            window = reads.stored_part(loaded, len(messages))
         if window.events:
             emit_events(window.events)
         return window
 
     @dispatcher.span
-    def _recalling_get(self, input: str | None) -> list[ChatMessage]:
-        """:meth:`get` with recall, in a span (the load's and recall's events are in it)."""
+    def _shaped_get(self, input: str | None, reserved: int) -> list[ChatMessage]:
+        """:meth:`get` with recall or memory blocks, in a span (with every event of the read)."""
         parts = self._p
-        window = self._load(parts)
-        return drive_sync(with_recall(parts, self.chat_store_key, window, input))
+        window = self._load(parts, reserved)
+        return drive_sync(shape(parts, window, input))
 
     @dispatcher.span
-    async def _arecalling_get(self, input: str | None) -> list[ChatMessage]:
-        """Async :meth:`_recalling_get`: awaits ``asearch``, or runs ``search`` in a thread."""
-        parts, window = self._p, await self._aload()
-        return await drive_async(with_recall(parts, self.chat_store_key, window, input))
+    async def _ashaped_get(self, input: str | None, reserved: int) -> list[ChatMessage]:
+        """Async :meth:`_shaped_get`: awaits ``asearch`` and the blocks."""
+        parts, window = self._p, await self._aload(reserved)
+        return await drive_async(shape(parts, window, input))
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""
@@ -486,4 +628,4 @@ class DemotingMemory(BaseChatStoreMemory):
 
 def restore_pickled(data: dict[str, Any]) -> DemotingMemory:
     """Rebuild a pickled memory (``DemotingMemory.__reduce__`` names this function)."""
-    return DemotingMemory(**persist.load(data))
+    return DemotingMemory.from_dict(data)

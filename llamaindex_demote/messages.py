@@ -38,10 +38,12 @@ from pydantic import ValidationError
 
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import MessageRecord, Recalled, Role, text_data
+from demote.request import RECALL_PREFIX, render_recall
 from demote.window.clearing import clip_calls
 from demote.window.tokens import MessageCounter
 
 __all__ = [
+    "CallNames",
     "Describe",
     "RECALL_PREFIX",
     "answered_call",
@@ -58,9 +60,6 @@ __all__ = [
     "to_data",
     "tool_calls",
 ]
-
-#: How the memory introduces recalled messages to the model (one system message).
-RECALL_PREFIX = "Relevant messages from earlier in this conversation:\n"
 
 _ROLES: dict[MessageRole, Role] = {
     MessageRole.SYSTEM: "system",
@@ -209,17 +208,56 @@ def _tool_name(message: ChatMessage) -> str | None:
     return None
 
 
-def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
+class CallNames:
+    """The tool names of the calls a conversation opened, by call id (bounded).
+
+    LlamaIndex's ``FunctionAgent`` writes a tool result with its ``tool_call_id`` and no
+    tool name; the name is in the call it answers. :func:`to_core` notes the calls of each
+    assistant message it describes here and names a nameless result from them, so a
+    result is counted as the provider bills it (and as LangChain counts the same
+    ``ToolMessage``: its name included) and its placeholder names the tool. A memory
+    describes its messages in order, a call before its results, and keeps one of these.
+    """
+
+    __slots__ = ("_names",)
+
+    #: How many call ids are remembered (the newest; a result follows its call closely).
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+
+    def note(self, calls: Sequence[Mapping[str, Any]]) -> None:
+        """Remember the names of ``calls`` (``{"id", "name", ...}`` each)."""
+        names = self._names
+        for call in calls:
+            call_id, name = call.get("id"), call.get("name")
+            if isinstance(call_id, str) and call_id and isinstance(name, str) and name:
+                names[call_id] = name
+        if len(names) > self.KEPT:  # drop the oldest half (dicts keep insertion order)
+            for call_id in list(names)[: len(names) // 2]:
+                names.pop(call_id, None)
+
+    def get(self, call_id: str | None) -> str | None:
+        """The name of the tool ``call_id`` called, if a described message opened it."""
+        return None if call_id is None else self._names.get(call_id)
+
+
+def to_core(
+    message: ChatMessage, describe: Describe, names: CallNames | None = None
+) -> MessageRecord:
     """Describe a LlamaIndex message for the planner.
 
     Args:
         message: The message.
         describe: Makes the record (``Demoter.describe``: fingerprint and cached tokens).
+        names: The conversation's :class:`CallNames`: a tool result without a tool name
+            in its ``additional_kwargs`` is named by the call it answers.
 
     Returns:
         The message's record: role, text, opened tool-call ids, answered tool-call id,
-        tokens as billed (tool calls and blocks included), :func:`to_data` as its
-        converter for delivery.
+        the tool's name (a result), tokens as billed (tool calls and blocks included),
+        :func:`to_data` as its converter for delivery.
     """
     blocks = message.blocks
     if not message.additional_kwargs and len(blocks) == 1 and type(blocks[0]) is TextBlock:
@@ -229,13 +267,21 @@ def to_core(message: ChatMessage, describe: Describe) -> MessageRecord:
     role = core_role(message)
     answers = _tool_call_id(message) if role == "tool" else None  # answered_call, role known
     opens = opened_calls(message)
+    calls = tool_calls(message) if opens or message.additional_kwargs else ()
+    tool = None
+    if role == "tool":
+        tool = _tool_name(message)
+        if tool is None and names is not None:
+            tool = names.get(answers)
+    elif opens and names is not None:
+        names.note(calls)
     return describe(
         role,
         text_of(message),
         opens=opens,
         answers=answers,
-        tool=_tool_name(message) if role == "tool" else None,
-        calls=tool_calls(message) if opens or message.additional_kwargs else (),
+        tool=tool,
+        calls=calls,
         blocks=() if _plain(message) else _other_blocks(message),
         message=message,
         to_data=to_data,
@@ -398,15 +444,15 @@ def from_core(role: Role | str, text: str) -> ChatMessage:
     return ChatMessage(role=MessageRole(role), blocks=[TextBlock(text=text)])
 
 
-def recall_message(recalled: Sequence[Recalled]) -> ChatMessage:
-    """The one system message that carries recalled messages, oldest first.
+def recall_message(recalled: Sequence[Recalled], role: str = "user") -> ChatMessage:
+    """The one message that carries recalled messages, oldest first.
 
     Args:
         recalled: What a recall returned (already filtered and cut to ``k``).
+        role: ``"user"`` (what ``DemotingMemory`` sends by default) or ``"system"``.
 
     Returns:
-        A system message: :data:`RECALL_PREFIX`, then one ``role: text`` line each.
+        A message of :func:`demote.request.render_recall`: :data:`RECALL_PREFIX`, then
+        one ``- role: text`` line each.
     """
-    ordered = sorted(recalled, key=lambda r: r.index if r.index >= 0 else float("inf"))
-    lines = [f"- {r.role}: {r.text}" for r in ordered]
-    return from_core("system", RECALL_PREFIX + "\n".join(lines))
+    return from_core(role, render_recall(recalled))

@@ -45,6 +45,8 @@ class SavedParts(Protocol):
     @property
     def recall_budget_tokens(self) -> int | None: ...  # noqa: D102
     @property
+    def recall_role(self) -> str: ...  # noqa: D102
+    @property
     def capture(self) -> Any: ...  # noqa: D102
 
 
@@ -129,6 +131,7 @@ def dump(
         "recall": recall,
         "recall_k": parts.recall_k,
         "recall_budget_tokens": parts.recall_budget_tokens,
+        "recall_role": parts.recall_role,
         "capture": None if parts.capture is None else _named(parts.capture, "capture"),
     }
 
@@ -167,6 +170,7 @@ def load(data: dict[str, Any], **overrides: Any) -> dict[str, Any]:
         "chat_store_key": data.get("chat_store_key"),
         "recall_k": data.get("recall_k", 5),
         "recall_budget_tokens": data.get("recall_budget_tokens"),
+        "recall_role": data.get("recall_role", "user"),
     }
     kwargs.update(given)
     return kwargs

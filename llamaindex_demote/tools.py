@@ -19,10 +19,13 @@ ever searched for as words. The answer is always text for the model, rendered by
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
 from llama_index.core.tools import FunctionTool
 
 from demote.archive.recall_tool import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
-from demote.backends.flow import drive_async, drive_sync
+from demote.flow import Call, drive_async, drive_sync
 from demote.hooks.base import ArchiveRecall
 from demote.state.base import validate_conversation_id
 from demote.window.tokens import Counter
@@ -85,25 +88,32 @@ def recall_tool(
     key_of = getattr(conversation_id, "chat_store_key", None)  # a DemotingMemory
     cid = validate_conversation_id(key_of if key_of is not None else conversation_id)
 
+    def flow(
+        query: str | None, key: str | None, k: int | None, budget: int | None, start: int | None
+    ) -> Generator[Call, Any, str]:
+        return answer(
+            archive, cid, options, query=query, key=key, k=k, budget_tokens=budget, start=start
+        )
+
     def recall(
         query: str | None = None,
         key: str | None = None,
         k: int | None = None,
         budget_tokens: int | None = None,
+        start: int | None = None,
     ) -> str:
         """Search this conversation's archived messages (query) or fetch one (key)."""
-        flow = answer(archive, cid, options, query=query, key=key, k=k, budget_tokens=budget_tokens)
-        return drive_sync(flow)
+        return drive_sync(flow(query, key, k, budget_tokens, start))
 
     async def arecall(
         query: str | None = None,
         key: str | None = None,
         k: int | None = None,
         budget_tokens: int | None = None,
+        start: int | None = None,
     ) -> str:
         """Search this conversation's archived messages (query) or fetch one (key)."""
-        flow = answer(archive, cid, options, query=query, key=key, k=k, budget_tokens=budget_tokens)
-        return await drive_async(flow)
+        return await drive_async(flow(query, key, k, budget_tokens, start))
 
     return FunctionTool.from_defaults(
         fn=recall, async_fn=arecall, name=name, description=description, fn_schema=RecallArgs

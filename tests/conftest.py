@@ -96,6 +96,18 @@ def postgres_url() -> str:
 
 
 @pytest.fixture(autouse=True)
+def _restart_warning_not_given_yet() -> None:
+    """Each test is a fresh process for ``demote.restarts``' once-per-process warning.
+
+    Else whichever test first paired a durable inner store with an in-memory state would
+    get it (an error, as every warning here), and the others not, by test order.
+    """
+    import demote.restarts
+
+    demote.restarts._warned = False
+
+
+@pytest.fixture(autouse=True)
 def _close_leftover_event_loop() -> Iterator[None]:
     """Close an event loop a test left set on the main thread.
 

@@ -199,7 +199,7 @@ def test_the_detector_is_live() -> None:
     import time
 
     async def main() -> None:
-        from demote.backends import flow as _flow
+        from demote import flow as _flow
 
         with detector():
             await _flow.Sleep(0.001).run_async()  # fine: awaited

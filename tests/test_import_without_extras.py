@@ -28,7 +28,7 @@ for mod in list(sys.modules):
 
 import demote
 import demote.engine, demote.window.planner, demote.window.policy, demote.state, demote.hooks.simple
-import demote.window.tokens, demote.records, demote.errors, demote.backends.flow
+import demote.window.tokens, demote.records, demote.errors, demote.flow
 
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("langchain", "langchain_core",
                 "llama_index", "mem0"))

@@ -72,8 +72,14 @@ def test_demote_exports_come_from_demote() -> None:
         "demote.hooks.simple",
         "demote.hooks.base",
         "demote.archive.options",
+        "demote.archive.context",
         "demote.archive.sqlite",
         "demote.archive.postgres",
+        "demote.archive.args",
+        "demote.archive.ranking",
+        "demote.flow",
+        "demote.kit",
+        "demote.backends.flow",
     ],
 )
 def test_core_module_all(module: str) -> None:
@@ -117,3 +123,11 @@ def test_command_line_modules_live_only_under_cli(old: str, new: str) -> None:
     # The package was never released with the old paths: no re-export shim is kept.
     check_all(importlib.import_module(new), sort=False)
     assert importlib.util.find_spec(old) is None, f"{old} still exists"
+
+
+def test_the_old_flow_module_is_the_new_one() -> None:
+    """``demote.backends.flow`` (kept for old imports) gives the objects of ``demote.flow``."""
+    import demote.backends.flow as old
+    import demote.flow as new
+
+    assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import fields, replace
 
-from demote.archive import _args, _rank, _search, _vectors
+from demote.archive import _rank, _search, _vectors, args
 from demote.archive._fts import STOP_WORDS
 from demote.archive.embeddings import Embedder, as_embedder
 from demote.archive.options import ArchiveOptions, ContextFn
@@ -80,7 +80,7 @@ def searcher(options: ArchiveOptions, *, entity_weight: float = 0.0) -> _search.
         speaker_weight=options.speaker_weight,
         fusion=options.fusion,
         dense_weight=options.dense_weight,
-        count=_args.counter(options.counter),
+        count=args.counter(options.counter),
         stop_words=frozenset(w.lower() for w in words),
         methods=_search.Methods(
             entity_weight=entity_weight,

@@ -43,7 +43,7 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from demote.archive import _args, _decompose, _entities, _fts, _lexical, _rank, _time, _vectors
+from demote.archive import _decompose, _entities, _fts, _lexical, _rank, _time, _vectors, args
 from demote.archive._fts import query_terms
 from demote.records import Recalled
 
@@ -164,9 +164,9 @@ class Searcher:
             ArgumentTypeError: ``query`` is not a ``str``.
             ConfigError: ``k`` or ``budget_tokens`` is not an int in range.
         """
-        query = _args.query(query)
-        k = _args.top_k(k)
-        budget = _args.budget(budget_tokens)
+        query = args.query(query)
+        k = args.top_k(k)
+        budget = args.budget(budget_tokens)
         terms = query_terms(query, self.stop_words)
         if k < 1 or budget == 0 or not (terms or (dense and query.strip())):
             return None

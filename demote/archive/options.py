@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from demote._validate import count
-from demote.archive import _args
+from demote.archive import args
 from demote.archive._search import Reranker
+from demote.archive.context import message_context
 from demote.archive.embeddings import as_embedder
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import DemotedMessage
@@ -67,8 +68,12 @@ class ArchiveOptions:
     Attributes:
         context: Called with each delivered message; what it returns (a speaker name, a
             date, a title; see :data:`ContextFn`) is indexed alongside the text and
-            searched with weight ``context_weight``. ``None`` (the default) indexes the
-            text only.
+            searched with weight ``context_weight``. The default,
+            :func:`~demote.archive.context.message_context`, gives the speaker and the
+            date the message carries in its metadata (LangChain's ``name``,
+            ``additional_kwargs`` and ``response_metadata``, LlamaIndex's
+            ``additional_kwargs``); a callable of yours replaces it (call it in yours to
+            keep it); ``None`` indexes the text only.
         embeddings: A LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding`` or a
             callable ``list[str] -> list[list[float]]`` (see
             :func:`demote.archive.embeddings.as_embedder`); ``None`` (the default)
@@ -128,7 +133,7 @@ class ArchiveOptions:
             (:class:`~demote.errors.ArgumentTypeError`); the message names it.
     """
 
-    context: ContextFn | None = None
+    context: ContextFn | None = message_context
     embeddings: object | None = None
     context_weight: float = 0.5
     adjacent_weight: float = 0.8
@@ -161,20 +166,20 @@ class ArchiveOptions:
         if self.embeddings is not None:
             as_embedder(self.embeddings)  # its kind is checked now; its dimension at open
         for name in _WEIGHTS:
-            put(name, _args.weight(name, getattr(self, name)))
+            put(name, args.weight(name, getattr(self, name)))
         for name, high in (("dense_weight", 1.0), ("decompose", 1.0), ("rerank_weight", 1.0)):
-            put(name, _args.weight(name, getattr(self, name), high=high))
-        put("packing", _args.weight("packing", self.packing, high=4.0))
+            put(name, args.weight(name, getattr(self, name), high=high))
+        put("packing", args.weight("packing", self.packing, high=4.0))
         count("candidates", self.candidates)
         count("after", self.after, minimum=0)
         count("rerank_depth", self.rerank_depth)
-        _args.counter(self.counter)
+        args.counter(self.counter)
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 shown = getattr(self, name)
                 raise ConfigError(f"{name}: must be one of {allowed}, got {shown!r:.40}")
         if self.stop_words is not None:
-            put("stop_words", _args.words("stop_words", self.stop_words))
+            put("stop_words", args.words("stop_words", self.stop_words))
 
 
 class ArchiveKeywords(TypedDict, total=False):

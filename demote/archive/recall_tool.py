@@ -58,7 +58,8 @@ TOOL_DESCRIPTION = (
     "Look up earlier messages of this conversation that are no longer in your context "
     "(they were archived). To search, pass `query` (the words of what you need; optionally "
     "`k` hits and `budget_tokens`). To read one archived message back in full, pass `key`: "
-    "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names."
+    "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names; "
+    "a long one is cut, and the cut names the `start` to pass with the key to read on."
 )
 _ECHO = 80  # characters of the model's own query or key echoed back
 
@@ -78,6 +79,10 @@ class RecallArgs(BaseModel):
     )
     k: int | None = Field(default=None, description="How many hits a search returns at most.")
     budget_tokens: int | None = Field(default=None, description="Most tokens the answer may take.")
+    start: int | None = Field(
+        default=None,
+        description="With key: the character to read the message from (a cut answer names it).",
+    )
 
 
 def _bounded(name: str, value: int, low: int) -> int:
@@ -179,6 +184,7 @@ def answer(
     key: object = None,
     k: object = None,
     budget_tokens: object = None,
+    start: object = None,
 ) -> Generator[Call, Any, str]:
     """One recall tool call as a flow: fetch by ``key`` when given, else search ``query``.
 
@@ -194,6 +200,8 @@ def answer(
         key: The archived key a placeholder names.
         k: The model's number of hits (bounded by ``options``).
         budget_tokens: The model's token budget (bounded by ``options``).
+        start: Where a fetch reads the message from (a character of its readable body;
+            anything but a non-negative int reads from its head).
 
     Returns:
         The text the model reads; never raises for what the model passed or the archive
@@ -212,7 +220,8 @@ def answer(
             return _unavailable(conversation_id, exc)
         if hit is None:
             return f"No archived message with key {_echo(key_text)!r} in this conversation."
-        return render_fetched(hit, budget, count)
+        at = start if isinstance(start, int) and not isinstance(start, bool) else 0
+        return render_fetched(hit, budget, count, max(0, at))
     if not query_text.strip():
         return (
             "Give the recall tool a query to search this conversation's archived messages, "

@@ -245,14 +245,35 @@ def render_hits(
     return None
 
 
-def render_fetched(hit: Recalled, budget_tokens: int, count: Counter = approximate_tokens) -> str:
-    """One fetched message as the model reads it, cut to ``budget_tokens``."""
-    block = _block(hit)
-    total = count(block)
-    if total <= budget_tokens:
+def render_fetched(
+    hit: Recalled, budget_tokens: int, count: Counter = approximate_tokens, start: int = 0
+) -> str:
+    """One fetched message as the model reads it: from character ``start``, within the budget.
+
+    A message longer than the budget is shown from its head (or from ``start`` of its
+    readable body, :func:`hit_body`) and ends with a mark naming its full size and the
+    ``start`` that reads on, so the model can page through a long result or pasted task.
+    """
+    body = hit_body(hit)
+    start = max(0, start)
+    header = hit_header(hit)
+    if start and start >= len(body):
+        return f"{header} (the message has {len(body)} characters: nothing from {start} on)"
+    head = f"{header} …(from character {start} of {len(body)})" if start else header
+    block = f"{head} {body[start:]}"
+    if count(block) <= budget_tokens:
         return block
-    mark = f" …[cut: the message is {total} tokens, shown up to {budget_tokens}]"
-    return cut_to_tokens(block, budget_tokens, count, mark) or mark.strip()[: budget_tokens * 4]
+    total = count(f"{header} {body}")
+
+    def mark(at: int) -> str:
+        return f" …[cut: the message is {total} tokens; read on with start={at}]"
+
+    widest = mark(len(body))  # no next start has more digits
+    shown = cut_to_tokens(block, budget_tokens, count, widest)
+    if not shown:
+        return widest.strip()[: budget_tokens * 4]
+    kept = shown[: len(shown) - len(widest)]
+    return kept + mark(start + max(1, len(kept) - len(head) - 1))
 
 
 def recalled_from_columns(columns: Mapping[str, Any]) -> Recalled:

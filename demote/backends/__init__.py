@@ -1,6 +1,6 @@
 """Connection plumbing the state stores, the archives and the outbox share.
 
 PostgreSQL pools, deadlines and reconnects; recognising an SQLite file as a component's own
-before anything is written; truncating a WAL; and the sans-I/O flow drivers every part
-that does I/O runs its generators with (:mod:`demote.backends.flow`).
+before anything is written; truncating a WAL. The flows these serve, their operations and
+drivers, are :mod:`demote.flow` (``demote.backends.flow`` still imports, for old code).
 """

@@ -48,6 +48,10 @@ from demote.errors import ArgumentTypeError, ConfigError, StoreUnavailable
 
 __all__ = ["Breaker", "Pass", "Throttle", "breaker_of", "is_outage", "use_breaker"]
 
+#: The jitter's own generator: retries never draw from (or disturb) the global ``random``
+#: state an application may have seeded.
+_JITTER = random.Random()
+
 # Backend exceptions that mean "unreachable or out of time", by class name, so that no
 # backend needs importing: redis-py's ConnectionError and TimeoutError, psycopg's
 # OperationalError (connection failures, cancelled statements) and PoolTimeout, sqlite3's
@@ -124,7 +128,7 @@ class Breaker:
         jitter: float = 0.2,
         probe_timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
-        rand: Callable[[], float] = random.random,
+        rand: Callable[[], float] = _JITTER.random,
     ) -> None:
         self.first = seconds("first", first)
         self.cap = seconds("cap", cap)

@@ -1,189 +1,30 @@
-"""Sans-I/O flows: the I/O operations a flow yields, their two drivers, and run_sync.
+"""Kept so that ``demote.backends.flow`` still imports: the flows live in :mod:`demote.flow`.
 
-Logic that does I/O is written once, as a generator (sans-I/O, like httpx's
-``auth_flow``): it yields an operation when it needs I/O and receives its result, or its
-exception, back. The sync driver (:func:`drive_sync`) performs an operation with blocking
-calls, the async driver (:func:`drive_async`) awaits it; everything else is shared.
-Cancelling an async driver closes the flow, so its ``finally`` blocks run.
-
-The engine, the archives, the capture and both adapters run their flows with these. The
-operations here are the general ones: a method call with its async twin (:class:`Call`),
-a pause (:class:`Sleep`), a flow run in the background (:class:`Spawn`); the engine's own
-(the hook, a summary) are in :mod:`demote.engine._flow`. :func:`run_sync` runs a coroutine
-to completion from sync code, with or without a running loop.
+Deprecated: import from :mod:`demote.flow`. The names here are the same objects.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections.abc import Awaitable, Generator
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from demote.flow import (
+    Call,
+    Flow,
+    Op,
+    Sleep,
+    Spawn,
+    Twin,
+    drive_async,
+    drive_sync,
+    run_sync,
+)
 
-__all__ = ["Call", "Flow", "Op", "Sleep", "Spawn", "drive_async", "drive_sync", "run_sync"]
-
-R = TypeVar("R")
-T = TypeVar("T")
-
-
-class Op(Protocol):
-    """One I/O operation: performed blocking or awaited, with the same result."""
-
-    def run_sync(self) -> Any:
-        """Perform the operation with blocking calls."""
-
-    async def run_async(self) -> Any:
-        """Perform the operation without blocking the event loop."""
-
-
-Flow = Generator[Op, Any, R]
-
-
-@dataclass(slots=True)
-class Call:
-    """Call ``target.<name>(*args, **kwargs)``; the async path awaits ``a<name>``.
-
-    A target without that async twin runs the sync method in a worker thread, unless it
-    declares ``nonblocking = True`` (no I/O at all): then the sync method is called.
-    """
-
-    target: object
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    def run_sync(self) -> Any:
-        """Call the method (an async-only target's twin runs to its end here)."""
-        method = getattr(self.target, self.name, None)
-        if method is None:  # an async-only target, from sync code
-            return run_sync(getattr(self.target, "a" + self.name)(*self.args, **self.kwargs))
-        return method(*self.args, **self.kwargs)
-
-    async def run_async(self) -> Any:
-        """Await the async twin, else call the method in a thread (or here, if nonblocking)."""
-        twin = getattr(self.target, "a" + self.name, None)
-        if twin is not None:
-            return await twin(*self.args, **self.kwargs)
-        method = getattr(self.target, self.name)
-        if getattr(self.target, "nonblocking", False):
-            return method(*self.args, **self.kwargs)
-        return await asyncio.to_thread(method, *self.args, **self.kwargs)
-
-
-@dataclass(slots=True)
-class Sleep:
-    """Pause the flow (``time.sleep`` or ``asyncio.sleep``)."""
-
-    seconds: float
-
-    def run_sync(self) -> None:
-        """``time.sleep``."""
-        time.sleep(self.seconds)
-
-    async def run_async(self) -> None:
-        """``asyncio.sleep``."""
-        await asyncio.sleep(self.seconds)
-
-
-@dataclass(slots=True)
-class Spawn:
-    """Run another flow in the background: a thread for sync callers, a task for async."""
-
-    flow: Flow[Any]
-    tracker: set[Any]
-    lock: threading.Lock
-
-    def run_sync(self) -> None:
-        """Start the flow on a daemon thread, tracked until it ends."""
-        thread = threading.Thread(target=self._run_thread, name="demote-background", daemon=True)
-        with self.lock:
-            self.tracker.add(thread)
-        thread.start()
-
-    def _run_thread(self) -> None:
-        try:
-            drive_sync(self.flow)
-        finally:
-            with self.lock:
-                self.tracker.discard(threading.current_thread())
-
-    async def run_async(self) -> None:
-        """Start the flow as a task on the running loop, tracked until it ends."""
-        task = asyncio.get_running_loop().create_task(drive_async(self.flow))
-        with self.lock:
-            self.tracker.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            with self.lock:
-                self.tracker.discard(t)
-
-        task.add_done_callback(done)
-
-
-def drive_sync(flow: Flow[R]) -> R:
-    """Run ``flow`` to its end, performing each operation with blocking calls."""
-    result: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = op.run_sync(), None
-        except Exception as exc:  # handed back to the flow, which decides
-            result, error = None, exc
-        except BaseException:
-            flow.close()
-            raise
-
-
-async def drive_async(flow: Flow[R]) -> R:
-    """Run ``flow`` to its end, awaiting each operation (cancellation closes the flow)."""
-    result: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            op = flow.throw(error) if error is not None else flow.send(result)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            result, error = await op.run_async(), None
-        except Exception as exc:
-            result, error = None, exc
-        except BaseException:
-            flow.close()
-            raise
-
-
-def run_sync(awaitable: Awaitable[T]) -> T:
-    """Run ``awaitable`` to completion and return its result.
-
-    In a thread without an event loop this is ``asyncio.run``; inside a running loop (a
-    sync API called from async code) it runs on a fresh loop in a helper thread, so the
-    caller's loop is never re-entered.
-    """
-
-    async def main() -> T:
-        return await awaitable
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(main())
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(main())
-        except BaseException as exc:  # handed to the calling thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="demote-run-sync", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+__all__ = [
+    "Call",
+    "Flow",
+    "Op",
+    "Sleep",
+    "Spawn",
+    "Twin",
+    "drive_async",
+    "drive_sync",
+    "run_sync",
+]

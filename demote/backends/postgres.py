@@ -19,11 +19,35 @@ connection of either, sync or async:
   waits, so the first call after the server is back connects at once;
 - a connection that is not in autocommit mode is committed after the work.
 
+Tables (theory of operation). The caller's ``setup`` creates, checks or upgrades its
+tables; it runs once, on the first connection, before any work:
+
+- at construction, on a direct connection, so that a schema problem (a newer schema, a
+  table of another program) raises :class:`StoreError` there, as it always did. A server
+  that cannot be reached then (refused, timed out, black-holed) is not an error: the
+  pools are built all the same (they connect in the background), a warning says so on
+  the ``demote`` logger, and ``setup`` runs before the first work that finds the server
+  (:attr:`Pools.ready` is ``False`` until then). Every call before that fails like a call
+  to a server that went down later (:class:`StoreError` from the connection error), so
+  the engine's loads are degraded and its breaker probes the server back. A server that
+  answers but refuses the connection for good (no such database or role, a failed
+  password) still raises at construction: waiting would not heal that;
+- on a table, sequence or text search object found missing by a unit of work
+  (``UndefinedTable``, ``UndefinedObject``: an operator dropped it), ``setup`` runs again
+  in repair mode (it re-creates what is missing, idempotently, as at first use), once,
+  and the work is retried once; a warning says what was made again.
+
+``setup`` runs inside one transaction with its own statement timeout
+(:data:`SETUP_SECONDS`), under the same client-side deadline extended to it: a few DDL
+statements, longer than one operation's deadline, paid once per process (or heal).
+
 Every psycopg error (and ``OSError``) becomes a :class:`StoreError` at this boundary.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import re
 import time
@@ -32,11 +56,60 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 from demote._validate import count, seconds
+from demote.backends.breaker import is_outage
 from demote.backends.deadline import Deadline, idle_socket_has_data, loop_deadline, thread_deadline
 from demote.backends.loops import PerLoop
 from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, StoreError
 
-__all__ = ["Pools", "atransaction", "positive", "table_name", "transaction"]
+__all__ = [
+    "SETUP_SECONDS",
+    "Pools",
+    "Setup",
+    "atransaction",
+    "missing_object",
+    "positive",
+    "table_name",
+    "transaction",
+]
+
+logger = logging.getLogger("demote")
+
+#: Seconds the tables' creation, check or repair may take once a connection is had.
+SETUP_SECONDS = 5.0
+
+#: SQLSTATEs of a relation (table, sequence) or another object (a text search
+#: configuration) that does not exist.
+_MISSING = frozenset({"42P01", "42704"})
+
+#: What a server that answered says when it refuses a connection for good.
+_REFUSED_FOR_GOOD = ("does not exist", "authentication failed", "no pg_hba.conf entry")
+
+#: ``setup(connection, repair)``: create, check or upgrade the tables; with ``repair``,
+#: also re-create whatever is missing (idempotent).
+Setup = Callable[[Any, bool], None]
+
+
+def missing_object(error: BaseException) -> bool:
+    """Does ``error`` (or one of its causes) say a table, sequence or object is missing?"""
+    current: BaseException | None = error
+    for _ in range(8):
+        if current is None:
+            return False
+        if getattr(current, "sqlstate", None) in _MISSING:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _unreachable(error: StoreError) -> bool:
+    """Is ``error`` a server out of reach (worth waiting for), not a refusal for good?"""
+    cause = error.__cause__
+    text = str(cause)
+    return is_outage(error) and not ("FATAL" in text and any(s in text for s in _REFUSED_FOR_GOOD))
+
+
+def _nothing(conn: Any) -> None:
+    """A unit of work that does nothing (what :meth:`Pools.prepare` runs after ``setup``)."""
 
 
 def table_name(table: object, longest: int) -> str:
@@ -85,12 +158,16 @@ class Pools:
         async_pool: An existing ``AsyncConnectionPool`` for async work (not closed by
             :meth:`close`); without it, pools are built like the sync one, one per loop.
         name: Names the pools (and the thing in error messages, ``"postgres"`` if empty).
-        setup: Called once with a first connection before the pools are used (to create
-            or check tables); its psycopg errors become ``StoreError("cannot reach ...")``.
+        setup: Creates, checks or upgrades the tables (:data:`Setup`): at construction
+            and, if the server could not be reached then, before the first work; again in
+            repair mode when a work finds a table missing.
         timeout: Seconds one unit of work may take, the wait for a connection included.
         connect_timeout: Seconds to establish a connection (libpq rounds up, minimum 2).
         statement_timeout: Server-side limit of one statement, in seconds.
-        read_only: Connections built here refuse writes (``default_transaction_read_only``).
+        read_only: Connections built here refuse writes (``default_transaction_read_only``);
+            a missing table is not made again.
+        wait_for_server: A server out of reach at construction is waited for (the
+            default; see the module docstring) instead of raising.
         min_size, max_size, keepalives_idle, application_name: Pool and connection
             settings (see :class:`demote.state.PostgresStateStore`).
 
@@ -98,7 +175,8 @@ class Pools:
         ConfigError: ``dsn`` and ``pool`` are both given or both missing, or a timeout
             is not a finite number > 0.
         MissingExtraError: psycopg is not installed (``demote[postgres]``).
-        StoreError: The server cannot be reached, or ``setup`` failed in the database.
+        StoreError: ``setup`` failed in the database; the server refused the connection
+            for good; or it cannot be reached and ``wait_for_server`` is off.
     """
 
     def __init__(
@@ -108,7 +186,7 @@ class Pools:
         pool: Any,
         async_pool: Any,
         name: str,
-        setup: Callable[[Any], None],
+        setup: Setup,
         timeout: float,
         connect_timeout: float,
         statement_timeout: float,
@@ -117,6 +195,7 @@ class Pools:
         keepalives_idle: int,
         application_name: str,
         read_only: bool = False,
+        wait_for_server: bool = True,
     ) -> None:
         if (dsn is None) == (pool is None):
             raise ConfigError("give exactly one of dsn and pool")
@@ -166,26 +245,39 @@ class Pools:
         async def aconfigure(conn: Any) -> None:
             await conn.execute(settings)
 
-        with self._translated(_Attempt(), "cannot reach postgres"):
-            if pool is None:
-                with psycopg.connect(dsn or "", **kwargs) as conn:
-                    setup(conn)
-                pool = psycopg_pool.ConnectionPool(
-                    dsn or "",
-                    kwargs=kwargs,
-                    configure=configure,
-                    min_size=min_size,
-                    max_size=max_size,
-                    timeout=self.timeout,
-                    reconnect_timeout=self.timeout,
-                    name=name,
-                    open=True,
-                )
-            else:
-                with pool.connection(timeout=self.timeout) as conn:
-                    setup(conn)
-                    if not conn.autocommit:
-                        conn.commit()
+        self._setup = setup
+        self._read_only = read_only
+        self._name = name or "postgres"
+        self.ready = False
+        try:
+            with self._translated(_Attempt(), "cannot reach postgres"):
+                if pool is None:
+                    with psycopg.connect(dsn or "", **kwargs) as conn:
+                        self._prepare(conn, repair=False)
+                else:
+                    with pool.connection(timeout=self.timeout) as conn:
+                        self._prepare(conn, repair=False)
+        except StoreError as exc:
+            if not (wait_for_server and _unreachable(exc)):
+                raise
+            logger.warning(
+                "%s: %s; built without it: calls fail (loads are degraded) until it answers, "
+                "then the tables are made or checked",
+                self._name,
+                exc,
+            )
+        if pool is None:
+            pool = psycopg_pool.ConnectionPool(
+                dsn or "",
+                kwargs=kwargs,
+                configure=configure,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=self.timeout,
+                reconnect_timeout=self.timeout,
+                name=name,
+                open=True,
+            )
         self.pool = pool
 
         async def make() -> Any:
@@ -230,8 +322,32 @@ class Pools:
         if self.closed:
             raise StoreError(f"{label} is closed")
 
+    def _prepare(self, conn: Any, repair: bool) -> None:
+        """Run ``setup`` on ``conn``: one transaction, with the setup's statement timeout."""
+        with conn.transaction():
+            conn.execute(f"SET LOCAL statement_timeout = {round(SETUP_SECONDS * 1000)}")
+            self._setup(conn, repair)
+        if not conn.autocommit:
+            conn.commit()
+        self.ready = True
+
     def run(self, work: Callable[[Any], T], label: str = "postgres") -> T:
-        """Run ``work(connection)`` on a live pooled connection, within :attr:`timeout`."""
+        """Run ``work(connection)`` on a live pooled connection, within :attr:`timeout`.
+
+        Before the first work (the server was out of reach at construction) ``setup``
+        runs; a work that finds a table missing has it made again, and runs once more.
+        """
+        try:
+            return self._attempt(work, label, repair=False)
+        except StoreError as exc:
+            if self._read_only or not missing_object(exc):
+                raise
+            missing = exc
+        self.repair(label)
+        logger.warning("%s: %s; made again (as at first use)", label, missing)
+        return self._attempt(work, label, repair=False)
+
+    def _attempt(self, work: Callable[[Any], T], label: str, repair: bool) -> T:
         self._check(label)
         deadline, attempt = time.monotonic() + self.timeout, _Attempt()
         with self._translated(attempt):
@@ -240,16 +356,49 @@ class Pools:
                     if _dead(conn):
                         conn.close()  # the pool replaces it
                         continue
-                    with thread_deadline(conn.pgconn.socket, self._left(deadline)) as alarm:
+                    setup = repair or not self.ready
+                    left = max(self._left(deadline), SETUP_SECONDS if setup else 0.0)
+                    with thread_deadline(conn.pgconn.socket, left) as alarm:
                         attempt.alarm = alarm
+                        if setup:
+                            self._prepare(conn, repair)
                         result = work(conn)
                         if not conn.autocommit:
                             conn.commit()
                 return result
         raise StoreError(f"postgres: no live connection in {self._attempts} tries")
 
+    def repair(self, label: str = "postgres") -> None:
+        """Run ``setup`` in repair mode now: make whatever is missing (idempotent)."""
+        self._attempt(_nothing, label, repair=True)
+
+    def prepare(self, label: str = "postgres") -> None:
+        """Run ``setup`` now if it has not run yet (the server was out of reach)."""
+        if not self.ready:
+            self.run(_nothing, label)
+
+    async def aprepare(self, label: str = "postgres") -> None:
+        """:meth:`prepare` from a coroutine (on the sync pool, in a worker thread)."""
+        if not self.ready:
+            await asyncio.to_thread(self.prepare, label)
+
     async def arun(self, work: Callable[[Any], Awaitable[T]], label: str = "postgres") -> T:
-        """:meth:`run` on this event loop's async pool: ``await work(connection)``."""
+        """:meth:`run` on this event loop's async pool: ``await work(connection)``.
+
+        ``setup`` (first use, repair) runs on the sync pool, in a worker thread.
+        """
+        await self.aprepare(label)
+        try:
+            return await self._aattempt(work, label)
+        except StoreError as exc:
+            if self._read_only or not missing_object(exc):
+                raise
+            missing = exc
+        await asyncio.to_thread(self.repair, label)
+        logger.warning("%s: %s; made again (as at first use)", label, missing)
+        return await self._aattempt(work, label)
+
+    async def _aattempt(self, work: Callable[[Any], Awaitable[T]], label: str) -> T:
         self._check(label)
         attempt = _Attempt()
         with self._translated(attempt):

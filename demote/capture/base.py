@@ -27,7 +27,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from demote._validate import count, seconds
-from demote.backends.flow import Call, Flow, Sleep, drive_async, drive_sync
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
 from demote.capture.dispatch import (
     STOP,
@@ -42,6 +41,7 @@ from demote.capture.dispatch import (
 )
 from demote.capture.outbox import OutboxRow, SQLiteOutbox
 from demote.errors import ArgumentTypeError, ConfigError, HookBusy, HookTimeout, StoreError
+from demote.flow import Call, Flow, Sleep, drive_async, drive_sync
 from demote.records import CapturedTurn, Demotion, storable_text
 from demote.state.base import validate_conversation_id
 

@@ -12,7 +12,7 @@ on it:
 - :mod:`demote.cli.replay`, :mod:`demote.cli.transcript`, :mod:`demote.cli.cachecost`:
   replaying a transcript under window policies and pricing its prompts under provider
   prompt caching (also used by the benchmarks and the notebooks);
-- :mod:`demote.cli.offline`: the offline stand-in model of the demo and the notebooks.
+- :mod:`demote.cli.offline`: the offline stand-in model of the demo.
 """
 
 from demote.cli.app import build_parser, main

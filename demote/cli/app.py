@@ -1,10 +1,12 @@
-"""The ``demote`` command line: ``demo``, ``replay``, ``inspect``, ``search`` and ``erase``.
+"""The ``demote`` command line: demo, replay, inspect, search, migrate and erase.
 
-Argument parsing only; each subcommand calls one function of :mod:`demote.cli.demo` or
-:mod:`demote.cli.commands`. Every user error (a bad policy, a missing file, an unreadable
+Argument parsing only; each subcommand calls one function of :mod:`demote.cli.demo`,
+:mod:`demote.cli.commands` or :mod:`demote.cli.migrate`; every store option is opened by
+:func:`demote.cli.stores.open_store`. Every user error (a bad policy, a missing file, an unreadable
 transcript line, an unknown conversation) is printed as one line, ``demote: error: ...``,
 with exit code 2. Results go to standard output; notes and progress to standard error.
-``erase`` lives in :mod:`demote.cli.erase`; it exits 1 when a tier did not erase.
+``erase`` lives in :mod:`demote.cli.erase`; it exits 1 when a tier did not erase, 3 when
+no store held the conversation.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ _ARCHIVE_HELP = (
     "(postgresql://user@host/db; read, never written)"
 )
 _TABLE_HELP = "with a PostgreSQL --archive: its table (default: demote_archive)"
+_STATE_HELP = (
+    "an SQLiteStateStore file, or a fleet's state store as a URL: redis:// (rediss://) "
+    "or postgresql://"
+)
+_STATE_TABLE_HELP = "with a PostgreSQL --state: its table (default: demote_state)"
+_STATE_PREFIX_HELP = "with a Redis --state: its key prefix (default: demote:)"
 _POLICY_HELP = (
     "a window policy as JSON, e.g. "
     '\'{"unit": "tokens", "limit": 4000, "eviction": {"kind": "bulk", "overflow": 1000}}\''
@@ -107,17 +115,34 @@ def _replay(args: argparse.Namespace) -> None:
     )
 
 
+_STORE_OPTIONS = ("state", "state_table", "state_prefix", "archive", "archive_table", "outbox")
+
+
+def _stores(args: argparse.Namespace) -> dict[str, str | None]:
+    """The store options (:func:`_store_arguments`) as keywords."""
+    return {name: getattr(args, name) for name in _STORE_OPTIONS}
+
+
+def _store_arguments(parser: argparse.ArgumentParser, archive_help: str) -> None:
+    """``--state`` (with its table and prefix), ``--archive`` (its table), ``--outbox``."""
+    parser.add_argument("--state", metavar="STATE", help=_STATE_HELP)
+    parser.add_argument("--state-table", metavar="TABLE", help=_STATE_TABLE_HELP)
+    parser.add_argument("--state-prefix", metavar="PREFIX", help=_STATE_PREFIX_HELP)
+    parser.add_argument("--archive", metavar="ARCHIVE", help=archive_help)
+    parser.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
+    parser.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
+
+
 def _inspect(args: argparse.Namespace) -> None:
     from demote.cli.commands import inspect_stores
 
-    inspect_stores(
-        sys.stdout,
-        state=args.state,
-        archive=args.archive,
-        outbox=args.outbox,
-        conversation=args.conversation,
-        archive_table=args.archive_table,
-    )
+    inspect_stores(sys.stdout, conversation=args.conversation, **_stores(args))
+
+
+def _migrate(args: argparse.Namespace) -> None:
+    from demote.cli.migrate import migrate_stores
+
+    migrate_stores(sys.stdout, **_stores(args))
 
 
 def _search(args: argparse.Namespace) -> None:
@@ -134,7 +159,7 @@ def _search(args: argparse.Namespace) -> None:
 
 
 def _erase(args: argparse.Namespace) -> int:
-    from demote.cli.erase import erase_stores
+    from demote.cli.erase import erase_stores, exit_status
 
     report = erase_stores(
         sys.stdout,
@@ -146,11 +171,11 @@ def _erase(args: argparse.Namespace) -> int:
         state_table=args.state_table,
         archive_table=args.archive_table,
     )
-    return 0 if report.complete else 1
+    return exit_status(report)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``demote`` argument parser (subcommands: demo, replay, inspect, search, erase)."""
+    """The ``demote`` argument parser (demo, replay, inspect, search, migrate, erase)."""
     parser = _Parser(
         prog="demote",
         description="A bounded active window for LangChain and LlamaIndex chats; what falls "
@@ -204,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "replay",
         help="replay a transcript under window policies and compare them",
         description="Replay a transcript (JSONL of {role, content}, LangChain messages_to_dict "
-        "output, or a LoCoMo JSON file) under one or more policies: window sizes, demotions, "
+        "output, a LlamaIndex chat store such as the demo's llamaindex-chats.jsonl, or a "
+        "LoCoMo JSON file) under one or more policies: window sizes, demotions, "
         "guaranteed context, relative prompt-cache cost, recall hit rate (with questions).",
     )
     rep.add_argument("transcript", help="the transcript file")
@@ -213,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument(
         "--format",
-        choices=("auto", "jsonl", "langchain", "locomo"),
+        choices=("auto", "jsonl", "langchain", "llamaindex", "locomo"),
         default="auto",
         help="transcript format (default: auto)",
     )
@@ -223,7 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="plot window tokens over turns (.png, .svg or .pdf; needs demote[plot])",
     )
     rep.add_argument(
-        "--sample", metavar="ID", help="for a file of several LoCoMo conversations: which one"
+        "--sample",
+        metavar="ID",
+        help="for a file of several conversations (LoCoMo, a LlamaIndex chat store): which "
+        "one (default: the first)",
     )
     rep.add_argument(
         "--summarizer",
@@ -248,15 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins = subs.add_parser(
         "inspect",
         help="show conversations in a state store and archive",
-        description="Per conversation: window start, watermark, pending messages, pinned "
-        "messages, archived count, summary length; with --outbox, pending items and dead "
-        "letters with their conversation and last error. The last delivery error of a "
-        "conversation is kept by the process that delivers, not in the state store.",
+        description="First what each store reads (file, table, key prefix); then per "
+        "conversation: window start, watermark, pending messages, pinned messages, archived "
+        "count, summary length, and the pending total; with --outbox, pending items and "
+        "dead letters with their conversation and last error. The last delivery error of a "
+        "conversation is kept by the process that delivers, not in the state store. Every "
+        "store is opened read-only: nothing is created or written.",
     )
-    ins.add_argument("--state", metavar="state.db", help="an SQLiteStateStore file")
-    ins.add_argument("--archive", metavar="ARCHIVE", help=_ARCHIVE_HELP)
-    ins.add_argument("--archive-table", metavar="TABLE", help=_TABLE_HELP)
-    ins.add_argument("--outbox", metavar="outbox.db", help="an SQLiteOutbox file")
+    _store_arguments(ins, _ARCHIVE_HELP)
     ins.add_argument("conversation", nargs="?", help="only this conversation")
     ins.set_defaults(run=_inspect)
 
@@ -272,13 +300,28 @@ def build_parser() -> argparse.ArgumentParser:
     sea.add_argument("-k", type=_count(1), default=5, help="how many messages (default: 5)")
     sea.set_defaults(run=_search)
 
+    mig = subs.add_parser(
+        "migrate",
+        help="create or upgrade demote's tables ahead of a deployment",
+        description="Create the tables of each store given, or upgrade them to this "
+        "demote's schema, and make again any that is missing; print what was found and "
+        "made. Idempotent. A new SQLite file is created; Redis keeps no schema (nothing to "
+        "do). A newer schema is refused and left as it was. The stores do the same at first "
+        "use; run this first to do it before the workers start.",
+    )
+    _store_arguments(
+        mig, "an SQLiteArchive file, or a PostgresArchive's database as a URL (postgresql://)"
+    )
+    mig.set_defaults(run=_migrate)
+
     era = subs.add_parser(
         "erase",
         help="forget a conversation in the state store, archive and outbox",
         description="Delete one conversation's demotion state, archived messages and queued "
         "or dead-lettered outbox items, bytes included (secure delete, WAL truncated), after "
-        "waiting for a delivery in flight; print what each tier did. Exit status 0 only if "
-        "every tier erased. The application's own chat history is not in these files.",
+        "waiting for a delivery in flight; print what each tier did. Exit status 0 if "
+        "every tier erased, 1 if one did not, 3 if none of the stores held the "
+        "conversation. The application's own chat history is not in these files.",
     )
     era.add_argument(
         "--state",
@@ -317,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         ``0`` on success, ``2`` for a user error, ``1`` for anything unexpected
         (set ``DEMOTE_DEBUG=1`` to see its traceback) or an incomplete ``erase``,
-        ``130`` when interrupted.
+        ``3`` for an ``erase`` of a conversation no store held, ``130`` when interrupted.
     """
     args = build_parser().parse_args(argv)
     try:

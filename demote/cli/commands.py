@@ -17,16 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
 from demote.archive.sqlite import SQLiteArchive
 from demote.cli._table import table
 from demote.cli.demo_parts import progress_bar
 from demote.cli.replay import ReplayResult, describe_policy, plot_windows, replay
+from demote.cli.stores import OpenedStore, open_store
 from demote.cli.transcript import Format, Transcript, load_transcript
 from demote.errors import ConfigError, MissingExtraError, TranscriptError
 from demote.records import MessageRecord
-from demote.state.sqlite import SQLiteStateStore
 from demote.summarize import TemplateSummarizer
 from demote.window.policy import Bulk, Compact, PerItem, SlidingWindow
 
@@ -269,25 +268,10 @@ def replay_transcript(
     return results
 
 
-def _is_dsn(archive: str | os.PathLike[str]) -> bool:
-    return os.fspath(archive).startswith(("postgresql://", "postgres://"))
-
-
-def _shown(archive: str | os.PathLike[str]) -> str:
-    """An archive's name for messages: a PostgreSQL URL without its password."""
-    text = os.fspath(archive)
-    if _is_dsn(text):
-        parts = urlsplit(text)
-        if parts.password is not None:
-            host = parts.netloc.rsplit("@", 1)[1]
-            text = parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
-    return text
-
-
 def open_archive(
     archive: str | os.PathLike[str], table: str | None = None
 ) -> SQLiteArchive | PostgresArchive:
-    """The archive an ``--archive`` names: an SQLite file, or a PostgreSQL URL (read-only).
+    """The archive an ``--archive`` names, read-only (:func:`demote.cli.stores.open_store`).
 
     Args:
         archive: A file path, or a ``postgresql://`` (``postgres://``) URL.
@@ -297,13 +281,8 @@ def open_archive(
         ConfigError: The file does not exist, or ``table`` was given with a file.
         StoreError: PostgreSQL cannot be reached, or holds no archive in ``table``.
     """
-    if _is_dsn(archive):
-        from demote.archive.postgres import PostgresArchive
-
-        return PostgresArchive(os.fspath(archive), table=table or "demote_archive", read_only=True)
-    if table is not None:
-        raise ConfigError("--archive-table goes with a PostgreSQL archive (postgresql://...)")
-    return SQLiteArchive(_existing(archive, "archive"), read_only=True)
+    store: SQLiteArchive | PostgresArchive = open_store("archive", archive, table=table).store
+    return store
 
 
 def inspect_stores(
@@ -314,99 +293,116 @@ def inspect_stores(
     outbox: str | os.PathLike[str] | None = None,
     conversation: str | None = None,
     archive_table: str | None = None,
+    state_table: str | None = None,
+    state_prefix: str | None = None,
 ) -> None:
     """Print each conversation's demotion state, pending messages, archive size and dead letters.
 
-    Pending messages (they left the window, the hook has not accepted them yet) come from
-    the state store. The last delivery error is not stored there: the process that
-    delivers keeps it (``Demoter.conversation_stats``, ``demote.delivery_failed`` events,
-    the ``demote`` logger), which the output says when something is pending. With an
-    outbox, each dead letter is listed with its conversation and last error. The archive
-    may be a PostgreSQL URL (:func:`open_archive`), read without writing.
+    The stores are opened read-only by :func:`demote.cli.stores.open_store`: the state
+    store an SQLite file, a Redis URL (``state_prefix``) or a PostgreSQL URL
+    (``state_table``), the archive an SQLite file or a PostgreSQL URL (``archive_table``).
+    The output starts with what each store reads (its file, table or key prefix); the
+    table below is the same for the same conversation whatever the store.
+
+    Pending messages (they left the window, the hook has not accepted them yet: the
+    window start less the watermark, from the state store) are counted per conversation
+    and in all. The last delivery error is not stored there: the process that delivers
+    keeps it (``Demoter.conversation_stats``, ``demote.delivery_failed`` events, the
+    ``demote`` logger), which the output says when something is pending. With an outbox,
+    each dead letter is listed with its conversation and last error.
 
     Raises:
-        ConfigError: No store given, a given file does not exist, or ``conversation`` is
-            in none of the given state store and archive.
-        StoreError: A PostgreSQL archive cannot be read.
+        ConfigError: No store given, a given file does not exist, an option goes with
+            another backend, or ``conversation`` is in none of the given state store and
+            archive.
+        StoreError: A store cannot be read (a server out of reach, another schema).
     """
     if state is None and archive is None and outbox is None:
         raise ConfigError("give at least one of --state, --archive, --outbox")
-    st = (
-        SQLiteStateStore(_existing(state, "state store"), read_only=True)
-        if state is not None
-        else None
-    )
+    opened: list[OpenedStore] = []
     try:
-        ar = open_archive(archive, archive_table) if archive is not None else None
-    except BaseException:
-        if st is not None:
-            st.close()
-        raise
-    try:
-        ids = set(st.conversations() if st else []) | set(ar.conversations() if ar else [])
-        if conversation is not None:
-            if conversation not in ids and (st is not None or ar is not None):
-                raise ConfigError(
-                    f"unknown conversation {conversation!r}: not in "
-                    + " or ".join(_shown(p) for p in (state, archive) if p is not None)
-                    + (f" (it has {_few(ids)})" if ids else " (no conversations at all)")
-                )
-            ids = {conversation} & ids
-        header = ["conversation", "window start", "watermark", "pending", "pinned", "archived"]
-        rows = [[*header, "summary"]]
-        pending: dict[str, int] = {}
-        for cid in sorted(ids):
-            s = st.get(cid) if st else None
-            if s is not None:
-                pending[cid] = max(0, s.window_start - max(s.delivered, s.pinned))
-            rows.append(
-                [
-                    cid,
-                    "-" if s is None else str(s.window_start),
-                    "-" if s is None else str(s.delivered),
-                    "-" if s is None else str(pending[cid]),
-                    "-" if s is None else str(s.pinned),
-                    "-" if ar is None else str(ar.count(cid)),
-                    "-" if s is None or s.summary is None else f"{len(s.summary)} chars",
-                ]
+        if state is not None:
+            opened.append(open_store("state", state, table=state_table, prefix=state_prefix))
+        if archive is not None:
+            opened.append(open_store("archive", archive, table=archive_table))
+        if outbox is not None:
+            opened.append(open_store("outbox", outbox))
+        _inspect(out, {o.kind: o for o in opened}, conversation)
+    finally:
+        for o in opened:
+            o.close()
+
+
+def _inspect(out: IO[str], opened: dict[str, OpenedStore], conversation: str | None) -> None:
+    st = opened["state"].store if "state" in opened else None
+    ar = opened["archive"].store if "archive" in opened else None
+    ids = set(st.conversations() if st else []) | set(ar.conversations() if ar else [])
+    if conversation is not None:
+        if conversation not in ids and (st is not None or ar is not None):
+            named = [opened[k].location for k in ("state", "archive") if k in opened]
+            raise ConfigError(
+                f"unknown conversation {conversation!r}: not in "
+                + " or ".join(named)
+                + (f" (it has {_few(ids)})" if ids else " (no conversations at all)")
             )
-        if len(rows) == 1:
-            if st is not None or ar is not None:
-                out.write("no conversations\n")
-        else:
-            out.write("\n".join(table(rows)) + "\n")
+        ids = {conversation} & ids
+    width = max(len(o.kind) for o in opened.values()) + 1
+    for o in opened.values():
+        out.write(f"{o.kind + ':':<{width}} {o.where}\n")
+    out.write("\n")
+    header = ["conversation", "window start", "watermark", "pending", "pinned", "archived"]
+    rows = [[*header, "summary"]]
+    pending: dict[str, int] = {}
+    summaries: dict[str, str] = {}
+    for cid in sorted(ids):
+        s = st.get(cid) if st else None
+        if s is not None:
+            pending[cid] = max(0, s.window_start - max(s.delivered, s.pinned))
+            summaries[cid] = s.summary or ""
+        rows.append(
+            [
+                cid,
+                "-" if s is None else str(s.window_start),
+                "-" if s is None else str(s.delivered),
+                "-" if s is None else str(pending[cid]),
+                "-" if s is None else str(s.pinned),
+                "-" if ar is None else str(ar.count(cid)),
+                "-" if s is None or s.summary is None else f"{len(s.summary)} chars",
+            ]
+        )
+    if len(rows) == 1:
+        if st is not None or ar is not None:
+            out.write("no conversations\n")
+    else:
+        out.write("\n".join(table(rows)) + "\n")
+    if pending:
+        total = sum(pending.values())
         waiting = {cid: n for cid, n in pending.items() if n}
+        of_all = f"{len(waiting)} of {len(pending)} conversations"
+        out.write(f"\npending: {total} messages in {of_all}\n")
         if waiting:
             out.write(
-                f"\n{sum(waiting.values())} messages pending in {len(waiting)} conversations "
+                f"\n{total} messages pending in {len(waiting)} conversations "
                 f"({_few(set(waiting))}): they left the window before the hook accepted them "
                 "and are retried by the next loads. The state store does not keep the "
                 "delivery error; the process that delivers does (Demoter.conversation_stats, "
                 "demote.delivery_failed events, warnings on the 'demote' logger).\n"
             )
-        if conversation is not None and st is not None:
-            s = st.get(conversation)
-            if s is not None and s.summary:
-                out.write(f"\nsummary of {conversation!r}:\n{s.summary}\n")
-    finally:
-        if st:
-            st.close()
-        if ar:
-            ar.close()
-    if outbox is not None:
-        from demote.capture.outbox import SQLiteOutbox
-
-        with SQLiteOutbox(_existing(outbox, "outbox"), read_only=True) as box:
-            dead = box.dead_letters()
-            of = [(getattr(d.item, "conversation_id", None), d) for d in dead]
-            if conversation is not None:
-                of = [(c, d) for c, d in of if c == conversation]
-            out.write(f"\noutbox {outbox}: {box.pending()} pending, {len(of)} dead letters\n")
-            for owner, d in of:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.failed_at))
-                out.write(
-                    f"  {owner or '-'}  {d.key}  attempts={d.attempts}  {when}  {d.error or ''}\n"
-                )
+    if conversation is not None and summaries.get(conversation):
+        out.write(f"\nsummary of {conversation!r}:\n{summaries[conversation]}\n")
+    if "outbox" in opened:
+        box = opened["outbox"].store
+        dead = box.dead_letters()
+        of = [(getattr(d.item, "conversation_id", None), d) for d in dead]
+        if conversation is not None:
+            of = [(c, d) for c, d in of if c == conversation]
+        where = opened["outbox"].location
+        out.write(f"\noutbox {where}: {box.pending()} pending, {len(of)} dead letters\n")
+        for owner, d in of:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.failed_at))
+            out.write(
+                f"  {owner or '-'}  {d.key}  attempts={d.attempts}  {when}  {d.error or ''}\n"
+            )
 
 
 def _few(ids: set[str], n: int = 3) -> str:
@@ -422,10 +418,13 @@ def search_archive(
     k: int = 5,
     *,
     archive_table: str | None = None,
+    err: IO[str] | None = None,
 ) -> None:
     """Print what recall returns from an archive for ``query`` (best first).
 
-    The archive is an SQLite file or a PostgreSQL URL (:func:`open_archive`, read-only).
+    The archive is an SQLite file or a PostgreSQL URL
+    (:func:`demote.cli.stores.open_store`, read-only); which file or table was read goes
+    to ``err`` (standard error by default), the hits to ``out``.
 
     Raises:
         ConfigError: The archive file does not exist, or ``k < 1``.
@@ -433,9 +432,10 @@ def search_archive(
     """
     if k < 1:
         raise ConfigError(f"-k: must be >= 1, got {k}")
-    with open_archive(archive, archive_table) as ar:
-        hits = ar.search(conversation, query, k)
-        total = ar.count(conversation)
+    with open_store("archive", archive, table=archive_table) as opened:
+        hits = opened.store.search(conversation, query, k)
+        total = opened.store.count(conversation)
+    (sys.stderr if err is None else err).write(f"demote search: read {opened.where}\n")
     if not hits:
         out.write(f"no match in {total} archived messages of {conversation!r}\n")
         return

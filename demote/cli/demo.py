@@ -29,13 +29,12 @@ them (0 unless the state was lost).
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
 
 from demote.archive.sqlite import SQLiteArchive
@@ -43,6 +42,7 @@ from demote.cli.demo_parts import (
     LANGCHAIN_ID,
     LLAMAINDEX_ID,
     CountingHook,
+    DemoHalf,
     DemoOptions,
     PartResult,
     Probe,
@@ -69,6 +69,8 @@ __all__ = [
 STRATEGIES = ("per_item", "bulk", "compact")
 _LIMIT, _OVERFLOW = 1200, 400
 _FRAMEWORKS = ("langchain", "llamaindex")
+#: Where the framework halves register (entry points, see ``pyproject.toml``).
+HALVES_GROUP = "demote.demo"
 _IDS = frozenset((LANGCHAIN_ID, LLAMAINDEX_ID))
 _STORES = ("state.db", "archive.db")
 _FILES = (*_STORES, "langchain-history.jsonl", "llamaindex-chats.jsonl")
@@ -150,12 +152,23 @@ def demo_policy(strategy: str = "bulk", policy_json: str | None = None) -> Slidi
     raise ConfigError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
 
 
-def _halves(options: DemoOptions) -> list[ModuleType]:
-    """Import both framework halves and let each check its needs (nothing is created)."""
-    modules = [importlib.import_module(f"{name}_demote.demo") for name in _FRAMEWORKS]
-    for module in modules:
-        module.preflight(options)
-    return modules
+def _halves(options: DemoOptions) -> list[DemoHalf]:
+    """Load both framework halves and let each check its needs (nothing is created).
+
+    The halves are found by entry point (group :data:`HALVES_GROUP`), not by module name:
+    they import :mod:`demote.cli.demo_parts`, and the core names no adapter.
+    """
+    found = {point.name: point for point in entry_points(group=HALVES_GROUP)}
+    missing = [name for name in _FRAMEWORKS if name not in found]
+    if missing:
+        raise ConfigError(
+            f"demote demo: no {' or '.join(missing)} half is registered in the "
+            f"{HALVES_GROUP!r} entry points (reinstall demote)"
+        )
+    halves: list[DemoHalf] = [found[name].load() for name in _FRAMEWORKS]
+    for half in halves:
+        half.preflight(options)
+    return halves
 
 
 @dataclass

@@ -1,21 +1,28 @@
 """What the two halves of ``demote demo`` share: the options, the script, the counting hook.
 
 The halves (``langchain_demote.demo`` and ``llamaindex_demote.demo``) import this module
-and nothing else of the demo, and :mod:`demote.cli.demo` loads them by name, so the
-imports run one way: ``demo -> demo_parts <- {langchain,llamaindex}_demote.demo``.
+and nothing else of the demo. Each registers itself under the ``demote.demo`` entry point
+group (in ``pyproject.toml``) and provides a :class:`DemoHalf`; :mod:`demote.cli.demo`
+loads what is registered there and never names an adapter, so the imports run one way:
+``demo -> demo_parts <- {langchain,llamaindex}_demote.demo``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from demote.archive.sqlite import SQLiteArchive
 from demote.cli.cachecost import CacheMeter
 from demote.records import Demotion, fingerprint
+from demote.request import RECALL_PREFIX
 from demote.window.tokens import TokenCache
+
+if TYPE_CHECKING:
+    from demote.engine import Demoter
 
 __all__ = [
     "LANGCHAIN_ID",
@@ -23,6 +30,7 @@ __all__ = [
     "RECALL_HEADER",
     "CallLog",
     "CountingHook",
+    "DemoHalf",
     "DemoOptions",
     "PartResult",
     "Probe",
@@ -35,8 +43,9 @@ __all__ = [
 LANGCHAIN_ID = "demo-langchain"
 #: The conversation id of the LlamaIndex half.
 LLAMAINDEX_ID = "demo-llamaindex"
-#: How recalled messages are introduced to the model (LangChain and LlamaIndex alike).
-RECALL_HEADER = "Relevant messages from earlier in this conversation:"
+#: How recalled messages are introduced to the model (LangChain and LlamaIndex alike): the
+#: adapters' own lead (:data:`demote.request.RECALL_PREFIX`), without its line break.
+RECALL_HEADER = RECALL_PREFIX.rstrip("\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +146,9 @@ class CallLog:
         return values if self.full_from is None else values[self.full_from :] or values
 
     def recalled(self) -> list[str]:
-        """The recalled lines of the last prompt (its recall system message)."""
-        for role, text in self.last:
-            if role == "system" and text.startswith(RECALL_HEADER):
+        """The recalled lines of the last prompt (its recall message)."""
+        for _, text in self.last:
+            if text.startswith(RECALL_HEADER):
                 return [line[2:] for line in text.splitlines()[1:] if line.startswith("- ")]
         return []
 
@@ -158,6 +167,25 @@ class PartResult:
     seconds: float = 0.0
     answer: str = ""
     recalled: list[str] = field(default_factory=list)
+
+
+class DemoHalf(Protocol):
+    """One framework's half of the demo: a module registered in the ``demote.demo`` group."""
+
+    def preflight(self, options: DemoOptions) -> None:
+        """Check what this half needs (its framework, the model) before anything is made."""
+
+    def play(
+        self,
+        demoter: Demoter,
+        hook: CountingHook,
+        turns: Sequence[tuple[str, str]],
+        probe: Probe,
+        options: DemoOptions,
+        err: IO[str],
+    ) -> PartResult:
+        """Play ``turns`` and then ``probe`` through the framework; what it did."""
+        ...
 
 
 def finish(part: PartResult, hook: CountingHook, cid: str, started: float) -> PartResult:

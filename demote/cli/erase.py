@@ -4,8 +4,14 @@ It builds a :class:`~demote.Demoter` over the given state store with the archive
 hook and the outbox as one more tier, and runs :meth:`demote.Demoter.erase`: it waits for
 a delivery in flight (up to ``--wait`` seconds) through the state store's lease, deletes
 the conversation's state, archived messages and queued items (bytes included: see
-:mod:`demote.erase`), and prints what each tier did. The application's own chat history
-(the inner store) is not in these files and is left alone.
+:mod:`demote.erase`), and prints what each tier did, and how much it removed. The
+application's own chat history (the inner store) is not in these files and is left alone.
+
+Exit status (:func:`exit_status`): ``0`` when every tier erased; :data:`EXIT_INCOMPLETE`
+(``1``) when one did not (it failed, or a delivery in flight outlived ``--wait``);
+:data:`EXIT_NOT_FOUND` (``3``) when the erase was complete but none of the stores held the
+conversation (a mistyped id, or one erased before); ``2`` is a user error, as for every
+command.
 
 Every file is checked before any is opened for writing: it must exist and be an SQLite
 file of the kind its option names (a state store, an archive, an outbox), read-only, so a
@@ -28,7 +34,12 @@ from demote.errors import ConfigError
 from demote.state.sqlite import APPLICATION_ID, SQLiteStateStore
 from demote.window.policy import SlidingWindow
 
-__all__ = ["erase_stores", "file_kind"]
+__all__ = ["EXIT_INCOMPLETE", "EXIT_NOT_FOUND", "erase_stores", "exit_status", "file_kind"]
+
+#: ``demote erase`` exit status: a tier did not erase (see the report), or was taken over.
+EXIT_INCOMPLETE = 1
+#: ``demote erase`` exit status: complete, but no store held the conversation.
+EXIT_NOT_FOUND = 3
 
 _KINDS = {"--state": "state store", "--archive": "archive", "--outbox": "outbox"}
 
@@ -102,8 +113,7 @@ def erase_stores(
         archive_table: A PostgreSQL archive's table (``demote_archive`` by default).
 
     Returns:
-        The report; :attr:`~demote.erase.EraseReport.complete` says whether every tier
-        erased (the command's exit status).
+        The report; :func:`exit_status` makes the command's exit status of it.
 
     Raises:
         ConfigError: A file is missing or of the wrong kind, or two options name one file.
@@ -129,13 +139,19 @@ def erase_stores(
     ):
         box = SQLiteOutbox(paths["--outbox"]) if "--outbox" in paths else None
         try:
-            known = st.get(conversation) is not None or ar.count(conversation) > 0
             report = demoter.erase(conversation, wait=wait, also=() if box is None else (box,))
         finally:
             if box is not None:
                 box.close()
-    _print(out, sys.stderr if err is None else err, report, known)
+    _print(out, sys.stderr if err is None else err, report)
     return report
+
+
+def exit_status(report: EraseReport) -> int:
+    """``demote erase``'s exit status for ``report`` (see the module docstring)."""
+    if not report.complete:
+        return EXIT_INCOMPLETE
+    return EXIT_NOT_FOUND if report.found is False else 0
 
 
 def _url(value: str | os.PathLike[str]) -> str | None:
@@ -173,13 +189,13 @@ def _archive(
     return SQLiteArchive(paths["--archive"])
 
 
-def _print(out: IO[str], err: IO[str], report: EraseReport, known: bool) -> None:
-    rows = [["tier", "status", "removed"], ["state", "deleted" if report.state else "kept", "-"]]
-    for t in report.tiers:
-        rows.append([t.tier, t.status, "-" if t.removed is None else str(t.removed)])
+def _print(out: IO[str], err: IO[str], report: EraseReport) -> None:
+    rows = [["tier", "kind", "status", "removed"]]
+    for t in report.touched:
+        rows.append([t.tier, t.kind, t.status, "-" if t.removed is None else str(t.removed)])
     out.write(f"erase {report.conversation_id!r}\n")
-    out.write("\n".join("  " + line for line in table(rows, text_columns=2)) + "\n")
-    for t in report.tiers:
+    out.write("\n".join("  " + line for line in table(rows, text_columns=3)) + "\n")
+    for t in report.touched:
         if t.error:
             out.write(f"{t.tier}: {t.error}\n")
     if report.took_over:
@@ -187,9 +203,14 @@ def _print(out: IO[str], err: IO[str], report: EraseReport, known: bool) -> None
             "a delivery in flight did not end within --wait: its lease was revoked and it "
             "is refused by the archive and the outbox; erase again once it has ended\n"
         )
-    out.write("complete\n" if report.complete else "incomplete: see the tiers above; erase again\n")
-    if not known and all(t.removed == 0 for t in report.tiers):
-        err.write(f"demote erase: note: {report.conversation_id!r} was in none of the files\n")
+    if not report.complete:
+        out.write("incomplete: see the tiers above; erase again\n")
+    elif report.found is False:
+        out.write(
+            f"not found: none of these stores held {report.conversation_id!r}; nothing was erased\n"
+        )
+    else:
+        out.write("complete\n")
     err.write(
         "demote erase: the application's own chat history (its inner store) is not in these "
         "files; erase it there too (the adapters' erase() does both)\n"

@@ -1,6 +1,6 @@
 """An offline stand-in for a chat model: it answers only from what it is given.
 
-The demo and the notebooks must run with no server, no API key and nothing downloaded, yet
+The demo must run with no server, no API key and nothing downloaded, yet
 show a model answering a late question from text that recall put back into its prompt.
 :class:`OfflineResponder` does exactly that, without any framework:
 
@@ -23,6 +23,9 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from demote.engine import PROGRESS_PREFIX, SUMMARY_PREFIX
+from demote.request import RECALL_PREFIX
+
 __all__ = [
     "GROUNDED_PREFIX",
     "SYSTEM_PROMPT",
@@ -34,8 +37,8 @@ __all__ = [
 
 #: The system prompt of the demo's chain and chat engine.
 SYSTEM_PROMPT = (
-    "You are a friendly everyday assistant. Answer briefly. When a system message lists "
-    "messages from earlier in the conversation, use them."
+    "You are a friendly everyday assistant. Answer briefly. When messages recalled from "
+    "earlier in the conversation are given, use them."
 )
 
 #: How a grounded answer starts (the quoted line follows, in double quotes).
@@ -54,9 +57,15 @@ _STOP_TEXT = """
 _STOP = frozenset(_STOP_TEXT.split())
 # Lines the model should not quote: framing the memory adds around recalled text.
 _FRAMING = re.compile(
-    r"^(summary of the earlier conversation|relevant messages from earlier|relevant earlier)",
+    "^("
+    + "|".join(
+        re.escape(p.strip().rstrip(":")) for p in (RECALL_PREFIX, SUMMARY_PREFIX, PROGRESS_PREFIX)
+    )
+    + ")",
     re.IGNORECASE,
 )
+# What the memory adds as a user message (never the user's question).
+_ADDED = (RECALL_PREFIX, SUMMARY_PREFIX, PROGRESS_PREFIX)
 _ROLE_PREFIX = re.compile(r"^[-*]?\s*(user|assistant|human|ai|system|tool)\s*:\s*", re.IGNORECASE)
 
 
@@ -141,14 +150,22 @@ class OfflineResponder:
         """The reply to a prompt given as ``(role, text)`` pairs, oldest first.
 
         Args:
-            messages: The prompt; the newest ``user`` message is the question.
+            messages: The prompt; the newest ``user`` message is the question (not what
+                the memory adds as user messages: recall, a summary, a progress note).
 
         Returns:
             The recorded reply for the question if there is one left, else a grounded
             answer that quotes one line of the prompt, else :data:`UNKNOWN_REPLY`.
         """
         self.calls += 1
-        last = max((i for i, (role, _) in enumerate(messages) if role == "user"), default=-1)
+        last = max(
+            (
+                i
+                for i, (role, text) in enumerate(messages)
+                if role == "user" and not text.startswith(_ADDED)
+            ),
+            default=-1,
+        )
         if last < 0:
             return UNKNOWN_REPLY
         question = messages[last][1]

@@ -1,13 +1,20 @@
 """Read chat transcripts into plain ``(role, text)`` pairs, for replays and benchmarks.
 
-Three formats, none of which needs a framework installed:
+Four formats, none of which needs a framework installed:
 
 - ``"jsonl"``: one message per line, ``{"role": ..., "content": ...}`` with roles
   ``user``/``human``, ``assistant``/``ai``, ``system``/``developer`` and ``tool``; LangChain
   dict lines (below) are accepted too. Blank lines are skipped.
 - ``"langchain"``: what ``langchain_core.messages.messages_to_dict`` writes, a JSON list
   (or JSONL) of ``{"type": "human"|"ai"|"system"|"tool", "data": {"content": ...}}``.
-  Content given as a list of blocks keeps its text blocks, joined by newlines.
+  Content given as a list of blocks keeps its text blocks, joined by newlines. (The demo's
+  ``langchain-history.jsonl`` is this.)
+- ``"llamaindex"``: a LlamaIndex chat store: JSONL of ``{"key": ..., "message": ...}``
+  (the demo's ``llamaindex-chats.jsonl``), or ``SimpleChatStore.persist``'s JSON
+  (``{"store": {key: [message, ...]}}``); each message is a ``ChatMessage`` as
+  ``model_dump`` writes it (``role``, and ``blocks`` or ``content``; LlamaIndex's roles
+  ``chatbot`` and ``model`` are the assistant, ``function`` a tool). One key is read:
+  ``sample=`` names it, default the first.
 - ``"locomo"``: a LoCoMo conversation: one ``conv-N.json``, or the published
   ``locomo10.json`` (a list of ten; ``sample=`` picks one by its ``sample_id``, default the
   first). ``speaker_a`` is the user, ``speaker_b`` the assistant; sessions are read in
@@ -41,12 +48,13 @@ __all__ = [
     "Transcript",
     "builtin_transcript",
     "load_transcript",
+    "parse_chat_store",
     "parse_jsonl",
     "parse_locomo",
     "parse_messages",
 ]
 
-Format = Literal["auto", "jsonl", "langchain", "locomo"]
+Format = Literal["auto", "jsonl", "langchain", "locomo", "llamaindex"]
 
 #: Where to get the LoCoMo data (it is not part of the package).
 LOCOMO_HINT = (
@@ -56,7 +64,9 @@ LOCOMO_HINT = (
 #: The package data folder (the built-in conversation).
 DATA = Path(__file__).resolve().parent.parent / "data"
 
-_ROLES = ROLE_ALIASES
+# LlamaIndex's MessageRole has three more names for roles demote knows.
+_ROLES: dict[str, Role] = {**ROLE_ALIASES, "chatbot": "assistant", "model": "assistant",
+                           "function": "tool"}  # fmt: skip
 # messages_to_dict writes message.type; chunks carry their class name.
 _CHUNK_TYPES: dict[str, Role] = {
     "HumanMessageChunk": "user",
@@ -141,24 +151,33 @@ def _message(item: Any, where: str = "") -> tuple[Role, str]:
         return role, _text(data["content"], where)
     if "role" not in item:
         raise TranscriptError(f"{where}missing 'role'")
-    if "content" not in item:
+    if "content" in item and item["content"] is not None:
+        content = item["content"]
+    elif "blocks" in item:  # a LlamaIndex ChatMessage: its text is in its blocks
+        content = item["blocks"]
+    else:
         raise TranscriptError(f"{where}missing 'content'")
     raw = item["role"]
     known = _ROLES.get(raw.lower()) if isinstance(raw, str) else None
     if known is None:
         raise TranscriptError(f"{where}unknown role {raw!r}; expected one of {sorted(_ROLES)}")
-    return known, _text(item["content"], where)
+    return known, _text(content, where)
 
 
-def parse_jsonl(lines: Iterable[str], *, name: str = "") -> Transcript:
+def parse_jsonl(lines: Iterable[str], *, name: str = "", sample: str | None = None) -> Transcript:
     """Read JSONL: one role/content (or LangChain dict) message per line.
+
+    Lines of a LlamaIndex chat store (``{"key": ..., "message": ...}``) are read too:
+    the messages of one key, ``sample`` (default: the first key), in order.
 
     Raises:
         TranscriptError: A line is not JSON, lacks ``role``/``content`` or names an
-            unknown role; the error's ``line`` is its 1-based number.
+            unknown role; the error's ``line`` is its 1-based number. Or ``sample`` is
+            not a key of the chat store.
     """
     messages: list[tuple[Role, str]] = []
     langchain = True
+    keys: list[str] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -166,13 +185,59 @@ def parse_jsonl(lines: Iterable[str], *, name: str = "") -> Transcript:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TranscriptError(f"not valid JSON ({exc.msg})", line=number) from None
+        stored = _chat_store_line(item)
         try:
+            if stored is not None:
+                key, item = stored
+                if key not in keys:
+                    keys.append(key)
+                if key != (keys[0] if sample is None else sample):
+                    continue
             messages.append(_message(item))
         except TranscriptError as exc:
             raise TranscriptError(str(exc), line=number) from None
         langchain = langchain and "data" in item and "role" not in item
+    if keys:
+        return _stored_chat(messages, keys, sample, name)
     fmt = "langchain" if messages and langchain else "jsonl"
     return Transcript(tuple(messages), source_format=fmt, name=name)
+
+
+def _chat_store_line(item: Any) -> tuple[str, Any] | None:
+    """``(key, message)`` of a LlamaIndex chat store line, ``None`` for any other line."""
+    if isinstance(item, Mapping) and set(item) == {"key", "message"}:
+        key = item["key"]
+        if not isinstance(key, str):
+            raise TranscriptError(f"a chat store key must be a string, got {key!r:.40}")
+        return key, item["message"]
+    return None
+
+
+def _stored_chat(
+    messages: list[tuple[Role, str]], keys: list[str], sample: str | None, name: str
+) -> Transcript:
+    """The transcript of one key of a LlamaIndex chat store (``sample``, else the first)."""
+    if sample is not None and sample not in keys:
+        raise TranscriptError(f"no chat store key {sample!r}; it has {', '.join(keys)}")
+    key = keys[0] if sample is None else sample
+    return Transcript(tuple(messages), source_format="llamaindex", name=key or name)
+
+
+def parse_chat_store(doc: Mapping[str, Any], *, sample: str | None = None) -> Transcript:
+    """Read ``SimpleChatStore.persist``'s JSON: the messages of one key (default the first).
+
+    Raises:
+        TranscriptError: A message cannot be read (named by key and 1-based number), or
+            ``sample`` is not a key.
+    """
+    store = doc["store"]
+    keys = [str(k) for k in store]
+    if not keys:
+        return Transcript((), source_format="llamaindex")
+    key = keys[0] if sample is None else sample
+    items = store.get(key, []) if sample is None or sample in keys else []
+    messages = [_message(item, f"{key} item {n}: ") for n, item in enumerate(items, 1)]
+    return _stored_chat(messages, keys, sample, key)
 
 
 def parse_messages(items: Sequence[Any], *, name: str = "") -> Transcript:
@@ -275,8 +340,8 @@ def load_transcript(
             is a message list, anything else is JSONL.
         with_speaker: LoCoMo only: prefix texts with the speaker's name.
         with_date: LoCoMo only: prefix texts with the session date.
-        sample: LoCoMo only: the ``sample_id`` to read from a file of several
-            conversations (``locomo10.json``); default the first.
+        sample: Which conversation of a file of several: a LoCoMo ``sample_id``
+            (``locomo10.json``) or a LlamaIndex chat store key; default the first.
 
     Raises:
         TranscriptError: The file cannot be read as a transcript, or has no such sample.
@@ -286,7 +351,7 @@ def load_transcript(
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TranscriptError(f"cannot read transcript {p}: {exc}") from None
-    if format in ("auto", "locomo", "langchain") and text.lstrip()[:1] in ("{", "["):
+    if format in ("auto", "locomo", "langchain", "llamaindex") and text.lstrip()[:1] in ("{", "["):
         try:
             doc = json.loads(text)
         except json.JSONDecodeError:
@@ -294,13 +359,15 @@ def load_transcript(
         if isinstance(doc, list) and _is_locomo_set(doc):
             doc, name = _pick_sample(doc, sample, p)
             return parse_locomo(doc, with_speaker=with_speaker, with_date=with_date, name=name)
+        if isinstance(doc, Mapping) and isinstance(doc.get("store"), Mapping):
+            return parse_chat_store(doc, sample=sample)
         if isinstance(doc, Mapping) and (format == "locomo" or "speaker_a" in doc):
             return parse_locomo(doc, with_speaker=with_speaker, with_date=with_date, name=p.stem)
         if isinstance(doc, list) and format != "locomo":
             return parse_messages(doc, name=p.stem)
     if format == "locomo":
         raise TranscriptError(f"{p} is not a LoCoMo conversation (a JSON object)")
-    return parse_jsonl(text.splitlines(), name=p.stem)
+    return parse_jsonl(text.splitlines(), name=p.stem, sample=sample)
 
 
 def _is_locomo_set(doc: list[Any]) -> bool:

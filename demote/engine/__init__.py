@@ -9,13 +9,14 @@ plans a load against the committed state and builds the window it returns), ``De
 and background flows, with ``Batches``, ``_batches``: what one hook call is handed and
 what its outcome records), ``Degradation`` (``_degraded``: degraded loads and warnings),
 ``Compactor`` (``_compaction``: background summaries) and ``Eraser`` (``_erasing``: clear,
-forget and erase, with ``_erase_flow`` for the adapters' erase); ``_work`` holds what they
-pass each other. Beside them: describing a message (``_describing``), stats (``_stats``),
-the engine's own I/O operations (``_flow``; their drivers are ``demote.backends.flow``),
-per-conversation views (``_views``), the hook threads and lease keeper (``_runner``), and
-retry backoff.
+forget and erase, with :func:`erase_conversation` for the adapters' erase); ``_work``
+holds what they pass each other. Beside them: describing a message (``_describing``),
+stats (``_stats``), the engine's own I/O operations (``_flow``; their drivers are
+:mod:`demote.flow`), per-conversation views (``_views``), the hook threads and lease
+keeper (``_runner``), and retry backoff.
 """
 
+from demote.engine._erase_flow import erase_conversation
 from demote.engine.demoter import Demoter
 from demote.engine.result import (
     PROGRESS_PREFIX,
@@ -30,6 +31,7 @@ __all__ = [
     "SUMMARY_PREFIX",
     "Demoter",
     "Window",
+    "erase_conversation",
     "render_progress",
     "render_summary",
 ]

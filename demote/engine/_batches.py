@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from demote.backends.flow import Flow
 from demote.engine._flow import HasKeys
 from demote.engine._views import ViewCache
 from demote.engine._work import Hold, Tally, Work
 from demote.engine.retry import RetryTracker
 from demote.events import DemoteEvent
+from demote.flow import Flow
 from demote.records import (
     DemotedMessage,
     Demotion,

@@ -16,12 +16,12 @@ import threading
 import time
 from dataclasses import replace
 
-from demote.backends.flow import Flow, Sleep, Spawn
 from demote.engine._delivery import Delivery
 from demote.engine._flow import Summarize
 from demote.engine._views import trail_at
 from demote.engine._work import FRESH, Hold, Tally, Work
 from demote.events import DemoteEvent, Observers
+from demote.flow import Flow, Sleep, Spawn
 
 logger = logging.getLogger("demote")
 

@@ -30,20 +30,23 @@ from dataclasses import replace
 from typing import Any
 
 from demote.backends.breaker import Breaker, breaker_of, is_outage
-from demote.backends.flow import Flow, Spawn, drive_async
 from demote.engine._batches import Batches
 from demote.engine._flow import Deliver, Outcome, Running
 from demote.engine._flow import store_call as _op
 from demote.engine._runner import HookRunner, LeaseKeeper
 from demote.engine._views import ViewCache
-from demote.engine._work import FRESH, Detached, Hold, Tally, Work
+from demote.engine._work import FRESH, REPLAY, UNREPLAYABLE, Detached, Hold, Tally, Work
 from demote.engine.retry import RetryTracker
 from demote.errors import HookTimeout, StoreUnavailable
 from demote.events import DemoteEvent, Observers
+from demote.flow import Flow, Spawn, drive_async
 from demote.records import ConversationState
 from demote.state.base import Lease, StateStore
 
 logger = logging.getLogger("demote")
+
+#: Most conversations :attr:`Delivery.settled` remembers.
+_SETTLED_KEPT = 10_000
 
 
 class Delivery:
@@ -66,6 +69,7 @@ class Delivery:
         lease_ttl: float,
         max_batch: int,
         hook_threads: int,
+        hook_queue: int,
         views: ViewCache,
         retry: RetryTracker,
         observers: Observers,
@@ -83,7 +87,7 @@ class Delivery:
         self._tally = tally
         self._direct = bool(getattr(state, "nonblocking", False))
         self.breaker: Breaker = breaker_of(state)
-        self.runner = HookRunner(hook_threads)
+        self.runner = HookRunner(hook_threads, hook_queue)
         self.keeper = LeaseKeeper(state, lease_ttl)
         self.lock = threading.Lock()
         self.gates: dict[str, Hold] = {}
@@ -94,6 +98,9 @@ class Delivery:
         # Conversations delivered to, whose commit then failed: the next delivery asks
         # the hook what it holds (``has_keys``) before handing it anything again.
         self.unsure: set[str] = set()
+        # The generation a settle left messages pending under, per conversation, until
+        # the background retries take it (what their replay expects: see REPLAY).
+        self.settled: dict[str, int] = {}
         self._instance = uuid.uuid4().hex[:12]
         self._holders = itertools.count(1)
 
@@ -128,6 +135,10 @@ class Delivery:
             breaker.abandon(ticket)
             raise
         breaker.succeeded(ticket)
+        if result is None and name == "acquire_lease":  # another worker is delivering
+            replay = REPLAY.get()
+            if replay is not None and replay.conversation_id == args[0]:
+                replay.elsewhere = True  # (a background load: theirs to deliver)
         return result
 
     def unstrand(self, cid: str) -> Flow[None]:
@@ -164,6 +175,10 @@ class Delivery:
         messages the hook accepted, and the hook's error, if any.
         """
         cid = hold.conversation_id
+        replay = REPLAY.get()
+        if replay is not None and replay.conversation_id == cid and replay.moved(work):
+            yield from self.release(hold)  # a background load of a history gone stale
+            return None, 0, None
         target, stored = work.target, work.stored
         delivered, end = target.delivered, work.deliver_end
         demoted = 0
@@ -209,6 +224,7 @@ class Delivery:
                 if delivered < end:  # a backlog: make each batch's progress durable
                     step = replace(target, delivered=delivered)
                     if not (yield from self.commit(hold, stored, step, release=False)):
+                        self._note_base(cid, work, None)
                         return None, demoted, None
                     stored = step
             if error is None and hold.detached is None:
@@ -221,6 +237,8 @@ class Delivery:
         else:
             ok = yield from self.commit(hold, stored, final, release=True)
             committed = final if ok else None
+        if committed is None or committed.delivered < end:  # left pending: retried
+            self._note_base(cid, work, committed)
         if hold.detached is not None:  # the background flow takes the hold over
             hold.adopted = True
             try:
@@ -229,6 +247,25 @@ class Delivery:
                 hold.adopted = False  # _let_go adopts it another way
                 raise
         return committed, demoted, error
+
+    def _note_base(self, cid: str, work: Work, committed: ConversationState | None) -> None:
+        """What a background load of this work's history expects to find (:data:`REPLAY`).
+
+        The generation committed; if the commit was refused, the one planned against: a
+        reset since then shows as another. A first commit refused cannot tell a
+        conversation forgotten since from one never stored: it is not replayed.
+        """
+        stored = work.stored
+        if committed is not None:
+            base = committed.generation
+        elif stored is not None:
+            base = stored.generation
+        else:  # refused from no state: forgotten since, or another's: not to replay
+            base = UNREPLAYABLE
+        settled = self.settled
+        if len(settled) > _SETTLED_KEPT:
+            settled.clear()  # (only a hint for the background retries)
+        settled[cid] = base
 
     def commit(
         self, hold: Hold, stored: ConversationState | None, new: ConversationState, *, release: bool

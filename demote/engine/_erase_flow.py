@@ -7,42 +7,28 @@
    all of it again, as a new conversation.
 3. :meth:`demote.Demoter.erase`, with the dedup keys of what was read (for tiers that
    delete by id) and the adapter's ``capture`` (not under the hook, erased after it).
-4. Report how many messages left the inner store (:attr:`EraseReport.inner`).
+4. Report the inner store as a tier of its own (:attr:`EraseReport.inner`): how many
+   messages left it, or ``kept``.
 
-The adapters give the two store operations as :class:`Twin` (or any other
-:mod:`demote.backends.flow` operation) and run the flow with ``drive_sync`` or ``drive_async``.
+The adapters give the two store operations as :class:`~demote.flow.Twin` (or any other
+:mod:`demote.flow` operation) and run the flow with ``drive_sync`` or ``drive_async``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TypeVar
 
 from demote._validate import seconds
-from demote.backends.flow import Call, Flow, Op
 from demote.engine.demoter import Demoter
-from demote.erase import EraseReport
+from demote.erase import EraseReport, TierKind, TierReport
+from demote.flow import Call, Flow, Op
 from demote.records import MessageRecord, keys_of
 
-__all__ = ["Twin", "erase_conversation"]
+__all__ = ["erase_conversation"]
 
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class Twin:
-    """Call ``sync(*args)`` blocking, or await ``asynchronous(*args)``."""
-
-    sync: Callable[..., Any]
-    asynchronous: Callable[..., Awaitable[Any]]
-    args: tuple[Any, ...] = ()
-
-    def run_sync(self) -> Any:
-        return self.sync(*self.args)
-
-    async def run_async(self) -> Any:
-        return await self.asynchronous(*self.args)
 
 
 def erase_conversation(
@@ -52,6 +38,7 @@ def erase_conversation(
     *,
     read: Op,
     clear: Op | None,
+    inner: tuple[object, TierKind],
     also: Sequence[object] = (),
     wait: float | None = None,
 ) -> Flow[EraseReport]:
@@ -63,6 +50,8 @@ def erase_conversation(
         describe: How the adapter describes one of its messages.
         read: Returns ``(position, message)`` pairs of the inner store's messages.
         clear: Empties the inner store; ``None`` leaves it as it is.
+        inner: The inner store and what it is (``"history"``, ``"chat store"``,
+            ``"checkpoint"``), for its line of the report.
         also: The adapter's capture, if any.
         wait: Passed to :meth:`demote.Demoter.erase`.
     """
@@ -74,4 +63,8 @@ def erase_conversation(
     keys = keys_of(conversation_id, ((i, describe(m)) for i, m in held))
     options = {"keys": keys, "also": tuple(also), "wait": wait}
     report: EraseReport = yield Call(demoter, "erase", (conversation_id,), options)
-    return replace(report, inner=len(held) if clear is not None else None)
+    store, kind = inner
+    name = type(store).__name__
+    if clear is None:
+        return replace(report, inner=TierReport(name, "kept", kind=kind))
+    return replace(report, inner=TierReport(name, "erased", len(held), kind=kind))

@@ -12,14 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._validate import seconds
-from demote.backends.flow import Call, Flow, Sleep
 from demote.engine._compaction import Compactor
 from demote.engine._delivery import Delivery
+from demote.engine._pending import Retries
 from demote.engine._views import ViewCache
 from demote.engine._work import Hold, Tally
 from demote.engine.retry import RetryTracker
 from demote.erase import EraseReport, TierReport, tiers
 from demote.errors import ConfigError
+from demote.flow import Call, Flow, Sleep
 from demote.records import MessageRecord, keys_of
 from demote.state.base import Lease, validate_conversation_id
 
@@ -38,8 +39,10 @@ class Eraser:
         views: ViewCache,
         retry: RetryTracker,
         tally: Tally,
+        retries: Retries,
     ) -> None:
         self._delivery = delivery
+        self._retries = retries
         self._compactor = compactor
         # A store that never blocks is called in the gate's lock (see ``reset``).
         self._direct = bool(getattr(delivery.state, "nonblocking", False))
@@ -61,6 +64,7 @@ class Eraser:
                 getattr(delivery.state, how)(cid)
         self._views.forget(cid)
         self._retry.succeeded(cid)
+        self._retries.drop(cid)  # what was pending is gone with the state
         if not self._direct:
             yield from delivery.store_op(how, cid)
 
@@ -95,8 +99,13 @@ class Eraser:
                 took_over = True
                 with delivery.lock:
                     delivery.gates.pop(cid, None)
+                held = (yield from delivery.store_op("get", cid)) is not None
                 yield from delivery.store_op("delete", cid)
                 hold = yield from delivery.take_leased(cid)
+            elif hold.lease is not None:  # the state, read with the grant
+                held = hold.lease.state is not None
+            else:  # the gate alone: no commit of this process lands while it is held
+                held = (yield from delivery.store_op("get", cid)) is not None
             fence = hold.lease.token if hold is not None and hold.lease is not None else None
             reports: list[TierReport] = []
             for holder in (delivery.hook, *also):
@@ -105,20 +114,30 @@ class Eraser:
                 # Still ours? If the lease ran out while the tiers erased (its renewals
                 # lost), another worker may have delivered to a tier since: not complete.
                 took_over = not (yield from lease_still_held(delivery, hold.lease))
-            yield from delivery.store_op("delete", cid)  # state, summary and lease, bytes too
-            if hold is not None and hold.lease is not None:
-                hold.released = True
+            state = yield from self._delete_state(cid, held)
+            if hold is not None and hold.lease is not None and state.status == "erased":
+                hold.released = True  # (with the state: a failed delete leaves it to let_go)
                 delivery.keeper.drop(hold.lease)
             self.forget_everywhere(cid)
-            return EraseReport(cid, tuple(reports), True, took_over)
+            return EraseReport(cid, tuple(reports), state, took_over)
         finally:
             if hold is not None:
                 delivery.let_go(hold)
+
+    def _delete_state(self, cid: str, held: bool) -> Flow[TierReport]:
+        """Delete the state, summary and lease, bytes too; what the state tier did."""
+        name = type(self._delivery.state).__name__
+        try:
+            yield from self._delivery.store_op("delete", cid)
+        except Exception as exc:  # reported: the long tail erased all the same
+            return TierReport(name, "failed", error=repr(exc), kind="state")
+        return TierReport(name, "erased", int(held), kind="state")
 
     def forget_everywhere(self, cid: str) -> None:
         """Drop what this process keeps of the conversation (caches, counters, errors)."""
         self._views.forget(cid)
         self._retry.succeeded(cid)
+        self._retries.drop(cid)
         with self._tally.lock:
             self._tally.errors.pop(cid, None)
             self._tally.pending.pop(cid, None)

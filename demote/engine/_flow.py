@@ -1,18 +1,19 @@
 """The engine's own I/O operations: the hook, a key lookup, a summary, a store call.
 
-The engine's logic lives in generators run by the drivers of :mod:`demote.backends.flow`
+The engine's logic lives in generators run by the drivers of :mod:`demote.flow`
 (sans-I/O, like httpx's ``auth_flow``): they yield an operation when they need I/O and
 receive its result, or its exception, back. Cancelling an async driver closes the flow,
 so its ``finally`` blocks run (the in-flight gate is always released; a lease is handed to
 the engine's keeper thread).
 
-Every I/O of a load is an operation here: the state store's reads, leases and commits
-(:class:`StoreCall`), the hook (:class:`Deliver`), a key lookup (:class:`HasKeys`), a
-summary. So the async path awaits the stores' async twins and never blocks the loop.
+Every I/O of a load is an operation: the state store's reads, leases and commits (a
+:class:`~demote.flow.Call` of the store, made by :func:`store_call`), the hook
+(:class:`Deliver`), a key lookup (:class:`HasKeys`), a summary. So the async path awaits
+the stores' async twins and never blocks the loop.
 
 :class:`Deliver` waits for the hook at most ``hook_wait``; a call that outlives it comes
 back as a :class:`Running` call, which a background flow
-(:class:`~demote.backends.flow.Spawn`) follows to its end with :class:`Outcome`: a runner
+(:class:`~demote.flow.Spawn`) follows to its end with :class:`Outcome`: a runner
 thread's future from a thread, a task on its loop.
 """
 
@@ -25,13 +26,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from demote.backends.flow import Call, run_sync
 from demote.engine._runner import HookRunner
-from demote.errors import HookTimeout, SummarizerError
+from demote.errors import HookBusy, HookTimeout, SummarizerError
+from demote.flow import Call, run_sync
 from demote.hooks.simple import deliver_sync, native_async
 from demote.records import Demotion, MessageRecord, storable_text
-
-StoreCall = Call
 
 
 def store_call(store: object, name: str, *args: Any, **kwargs: Any) -> Call:
@@ -105,6 +104,11 @@ class Deliver:
         deadline = None if self.timeout is None else began + self.timeout
         return Running(future, deadline, final)
 
+    def _unstarted(self, future: Future[None], final: bool) -> None:
+        """At ``hook_timeout``, take back a call still queued for a hook thread."""
+        if final and self.runner.withdraw(future):
+            raise HookBusy(not_started(self.timeout, self.runner))
+
     def run_sync(self) -> Running | None:
         bound, final = self._bound()
         if bound is None:
@@ -117,6 +121,7 @@ class Deliver:
         except TimeoutError:
             if future.done():  # the hook's own TimeoutError
                 raise
+            self._unstarted(future, final)
             return self._running(future, began, final)
         except Exception:
             raise
@@ -152,6 +157,7 @@ class Deliver:
             if future.done():
                 future.result()  # its own outcome counts
                 return None
+            self._unstarted(future, final)
             return self._running(future, began, final)
         except Exception:
             raise
@@ -160,6 +166,16 @@ class Deliver:
                 self.orphan(self._running(future, began, final))
             raise
         return None
+
+
+def not_started(timeout: float | None, runner: HookRunner | None) -> str:
+    """Why a queued call was withdrawn (the :class:`~demote.errors.HookBusy` message)."""
+    within = "" if timeout is None else f" within {timeout} s"
+    threads = "every hook thread" if runner is None else f"all {runner.size} hook threads"
+    return (
+        f"the hook call did not start{within}: {threads} stayed busy with earlier calls "
+        "(a hung sink?); it was withdrawn, its messages stay pending"
+    )
 
 
 async def _within(call: Awaitable[None], timeout: float | None) -> None:
@@ -175,7 +191,8 @@ class Outcome:
     """Wait for a :class:`Running` call to end, until its deadline (``None``: no bound).
 
     The result is ``True`` when the call ended well, ``False`` when the deadline passed
-    with the call still running; the call's own error is raised.
+    with the call still running; the call's own error is raised, and a sync call still
+    queued for a hook thread at the deadline is withdrawn: :class:`~demote.errors.HookBusy`.
     """
 
     running: Running
@@ -193,6 +210,8 @@ class Outcome:
         except TimeoutError:
             if call.done():
                 raise
+            if self.deadline is not None and call.cancel():  # never started: withdrawn
+                raise HookBusy(not_started(None, None)) from None
             return False
         return True
 
@@ -204,6 +223,9 @@ class Outcome:
         except TimeoutError:
             if waited.done():
                 raise
+            sync = not isinstance(call, asyncio.Future)
+            if self.deadline is not None and sync and call.cancel():  # never started
+                raise HookBusy(not_started(None, None)) from None
             return False
         return True
 

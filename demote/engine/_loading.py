@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from typing import Literal, TypeVar
 
 from demote._validate import count
-from demote.backends.flow import Flow
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
@@ -49,6 +48,7 @@ from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window
 from demote.errors import ArgumentTypeError, ConfigError, HookError
 from demote.events import Observers
+from demote.flow import Flow
 from demote.records import ConversationState, MessageRecord
 from demote.state.base import validate_conversation_id
 

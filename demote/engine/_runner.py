@@ -4,8 +4,13 @@
 ``hook_timeout`` (or must not block an event loop). Its threads are the engine's own, not
 the loop's default executor, so a hung sink cannot starve the application's
 ``asyncio.to_thread`` calls; they are daemon threads, so a hung sink cannot keep the
-process from exiting; and calls never queue: with every thread busy, a new call is refused
-at once (:class:`~demote.errors.HookBusy`) and its messages stay pending.
+process from exiting. With every thread busy, a call waits in a bounded queue
+(``hook_queue``) for the next free one: more application threads than hook threads is a
+busy hook, not a broken one, and its calls are taken in turn. A call that has not started
+by its deadline (``hook_timeout``) is withdrawn (:meth:`HookRunner.withdraw`: it never
+reaches the hook), and with the queue full a call is refused at once: both are
+:class:`~demote.errors.HookBusy`, and their messages stay pending (a hung sink holds every
+thread and fills the queue; nothing waits on it without bound).
 
 :class:`LeaseKeeper` renews, from one daemon thread, every lease its Demoter holds, every
 third of the lease's time to live: a hook slower than ``lease_ttl`` keeps its exclusion,
@@ -17,11 +22,11 @@ leases of flows that were cancelled, which cannot wait for a store round trip th
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from queue import SimpleQueue
 from typing import Any
 
 from demote.errors import HookBusy
@@ -35,36 +40,57 @@ _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class HookRunner:
-    """Up to ``size`` daemon threads for sync hook calls; a call beyond them is refused."""
+    """Up to ``size`` daemon threads for sync hook calls, and ``queue`` calls waiting."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, queue: int = 0) -> None:
         self.size = size
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.queue = queue
+        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._lock = threading.Lock()
-        self._busy = 0
+        self._running = 0  # calls on a thread now
+        self._waiting = 0  # calls queued for a thread (not withdrawn)
         self._threads: list[threading.Thread] = []
 
     @property
     def busy(self) -> int:
         """Calls running now."""
-        return self._busy
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a free thread."""
+        return self._waiting
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Start ``fn(*args)`` on a runner thread; :class:`HookBusy` if all are busy."""
+        """Start ``fn(*args)`` on a runner thread, or queue it for the next free one.
+
+        Raises:
+            HookBusy: Every thread is busy and ``queue`` calls wait already.
+        """
         with self._lock:
-            if self._busy >= self.size:
+            if self._running + self._waiting >= self.size + self.queue:
+                waiting = f" and {self.queue} calls wait for them" if self.queue else ""
                 raise HookBusy(
-                    f"all {self.size} hook threads are busy with earlier calls "
-                    "(a hung sink?); the messages stay pending"
+                    f"all {self.size} hook threads are busy{waiting}; the messages stay pending"
                 )
-            self._busy += 1
-            if len(self._threads) < self._busy:
+            self._waiting += 1
+            if len(self._threads) < min(self.size, self._running + self._waiting):
                 thread = threading.Thread(target=self._work, name="demote-hook", daemon=True)
                 self._threads.append(thread)
                 thread.start()
         future: Future[Any] = Future()
+        future.add_done_callback(self._settled)
         self._jobs.put((future, fn, args))
         return future
+
+    def withdraw(self, future: Future[Any]) -> bool:
+        """Take back a call still queued (it never reaches the hook); ``False`` if it started."""
+        return future.cancel()
+
+    def _settled(self, future: Future[Any]) -> None:
+        if future.cancelled():  # withdrawn while queued: a cancelled call never ran
+            with self._lock:
+                self._waiting -= 1
 
     def _work(self) -> None:
         while True:
@@ -72,17 +98,24 @@ class HookRunner:
             if job is None:
                 return
             future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue  # withdrawn (counted then)
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
             try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        result = fn(*args)
-                    except BaseException as exc:  # handed to whoever waits
-                        future.set_exception(exc)
-                    else:
-                        future.set_result(result)
+                try:
+                    result = fn(*args)
+                except BaseException as exc:  # handed to whoever waits
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
             finally:
                 with self._lock:
-                    self._busy -= 1
+                    self._running -= 1
+                # An idle thread holds nothing: a failed call's error carries the frames
+                # of the load that waited for it (its Demoter, its history) in its traceback.
+                job = future = result = None  # type: ignore[assignment]
 
     def close(self) -> None:
         """Let idle threads exit (running calls finish on their own; idempotent)."""

@@ -15,8 +15,13 @@ from demote.records import ConversationState
 __all__ = ["stats_of_conversation", "stats_of_demoter"]
 
 
-def stats_of_demoter(tally: Tally, conversations: int) -> DemoterStats:
-    """What :meth:`demote.Demoter.stats` returns: the tally, and how many conversations."""
+def stats_of_demoter(
+    tally: Tally, conversations: int, *, retrying: int = 0, queued: int = 0
+) -> DemoterStats:
+    """What :meth:`demote.Demoter.stats` returns: the tally, and how many conversations.
+
+    ``retrying`` and ``queued`` are the Demoter's background retries and hook queue now.
+    """
     with tally.lock:
         error, at = tally.last_error or (None, None)
         return DemoterStats(
@@ -30,6 +35,11 @@ def stats_of_demoter(tally: Tally, conversations: int) -> DemoterStats:
             summaries=tally.summaries,
             resyncs=tally.resyncs,
             degraded=tally.degraded,
+            pending_conversations=len(tally.pending),
+            retrying=retrying,
+            retries=tally.retries,
+            untracked=tally.untracked,
+            queued=queued,
         )
 
 

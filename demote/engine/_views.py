@@ -38,7 +38,14 @@ from demote.records import (
     make_key,
 )
 from demote.window._groups import GroupIndex
-from demote.window.clearing import call_marker, clipped_text, placeholder_text
+from demote.window.clearing import (
+    ResultCosts,
+    call_marker,
+    clipped_text,
+    placeholder_text,
+    user_clipped_text,
+    user_keep,
+)
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import SlidingWindow
 
@@ -362,26 +369,36 @@ def snapshot_plan(
 
 
 def replaced_texts(
-    conversation_id: str, view: View, p: Plan, head_chars: Callable[[str], int]
+    conversation_id: str,
+    view: View,
+    p: Plan,
+    chars: Callable[[str, int, bool], int],
+    costs: ResultCosts,
+    opener: MessageRecord | None = None,
 ) -> tuple[dict[int, str], dict[int, str]]:
     """What the model is sent instead of the plan's cleared and clipped tool results.
 
     Each text names the message's dedup key (the key the hook archived it under), its
-    tool and its token count (:mod:`demote.window.clearing`); a clipped one starts with the
-    first ``head_chars(text)`` characters of the result; a clipped assistant message's is
-    the marker of its cut calls. Made once per position and
-    fingerprint (cached in ``view.texts``).
+    tool and its token count (:mod:`demote.window.clearing`); a clipped one starts with
+    the result's head (``chars(text, tokens, False)``: how many leading characters fit in
+    ``tokens``; ``True``: trailing ones); a clipped assistant message's is the marker of
+    its cut calls. The ``opener`` shown in front of the window (its record, at
+    ``p.opener``), when ``costs`` counts it clipped, is its head and tail around a
+    marker. Made once per position and fingerprint (cached in ``view.texts``).
 
     Returns:
         ``(placeholders, clipped)``: absolute index -> text.
     """
     base, records, cache = view.base, view.records, view.texts
     out: tuple[dict[int, str], dict[int, str]] = ({}, {})
-    for kind, indexes in ((0, p.placeholders), (1, p.clipped)):
+    clipped: Sequence[int] = p.clipped
+    if opener is not None and p.opener is not None and costs.opener_clipped(opener):
+        clipped = (p.opener, *clipped)
+    for kind, indexes in ((0, p.placeholders), (1, clipped)):
         tag = "pc"[kind]
         into = out[kind]
         for i in indexes:
-            rec = records[i - base]
+            rec = opener if i == p.opener and opener is not None else records[i - base]
             hit = cache.get(i)
             if hit is not None and hit[0] == rec.fingerprint and hit[1] == tag:
                 into[i] = hit[2]
@@ -391,8 +408,19 @@ def replaced_texts(
                 text = placeholder_text(key, rec.tool, rec.tokens)
             elif rec.role == "assistant":  # its calls are cut: what ends each cut value
                 text = call_marker(key, rec.tokens)
+            elif rec.role == "user":  # the opener in front: its head and tail, what the task is
+                head, tail = user_keep(costs.clip_over or 0)
+                text = user_clipped_text(
+                    rec.text,
+                    chars(rec.text, head, False),
+                    chars(rec.text, tail, True),
+                    key,
+                    rec.tokens,
+                )
             else:
-                text = clipped_text(rec.text, head_chars(rec.text), key, rec.tool, rec.tokens)
+                text = clipped_text(
+                    rec.text, chars(rec.text, costs.head_tokens, False), key, rec.tool, rec.tokens
+                )
             cache[i] = (rec.fingerprint, tag, text)
             into[i] = text
     return out

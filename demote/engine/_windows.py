@@ -33,9 +33,9 @@ from demote.engine.result import Window, render_progress, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
 from demote.window._steps import digest_tokens, result_costs
-from demote.window.digest import make_digest
+from demote.window.digest import Call, make_digest
 from demote.window.planner import Plan, needed_from, plan
-from demote.window.policy import ClearToolResults, Compact, SlidingWindow
+from demote.window.policy import Compact, SlidingWindow
 from demote.window.tokens import MessageCounter, TokenCache, approximate_tokens
 
 __all__ = ["Windows"]
@@ -68,6 +68,41 @@ def _stored_tokens(work: Work, old: int, new: int) -> tuple[int, int]:
     return after + sum(map(_TOKENS, records[old - base : new - base])), after
 
 
+def _calls(
+    dropped: Sequence[MessageRecord], messages: Sequence[Any], lo: int
+) -> list[tuple[Call, ...]] | None:
+    """The tool calls of each dropped record (``messages[lo + i]``), from its neutral form.
+
+    ``None`` when the messages are not at hand; a record without ``to_data`` has none.
+    """
+    if len(messages) < lo + len(dropped):
+        return None
+    out: list[tuple[Call, ...]] = []
+    for i, rec in enumerate(dropped):
+        if not rec.opens or rec.to_data is None:
+            out.append(())
+            continue
+        try:
+            data = rec.to_data(messages[lo + i])
+            calls = tuple(
+                Call(str(c.get("id") or ""), str(c.get("name") or ""), _args(c.get("args")))
+                for c in data.get("tool_calls") or ()
+                if isinstance(c, dict)
+            )
+        except Exception:  # the note is a help: a message it cannot read leaves no trail
+            logger.debug("demote: no trail for message %d", lo + i, exc_info=True)
+            calls = ()
+        out.append(calls)
+    return out
+
+
+def _args(args: object) -> dict[str, object]:
+    """A call's arguments as a mapping (a provider's raw string kept under ``args``)."""
+    if isinstance(args, dict):
+        return dict(args)
+    return {} if args is None else {"args": args}
+
+
 class Windows:
     """Plans each load and builds the window it returns (no I/O; one per Demoter)."""
 
@@ -96,12 +131,7 @@ class Windows:
         self._count_text: Callable[[str], int] = (
             approximate_tokens if isinstance(text_counter, MessageCounter) else text_counter
         )
-        clearing = policy.clearing
-        self._head_tokens: int = (
-            clearing.head_tokens
-            if clearing is not None
-            else ClearToolResults.model_fields["head_tokens"].default
-        )
+        self._costs = result_costs(policy)  # how clipped messages count and are cut
 
     def from_history(
         self,
@@ -127,8 +157,10 @@ class Windows:
             reserved=reserved,
             pinned_tokens=pinned_tokens,
         )
-        target = self._advance(state, p, view)
-        work = Work(messages, None, p, view, target, False, False, reserved=reserved)
+        target = self._advance(state, p, view, messages)
+        work = Work(
+            messages, None, p, view, target, False, False, reserved=reserved, describe=describe
+        )
         return self.window(cid, work)
 
     def committed(self, cid: str, work: Work, committed: ConversationState) -> None:
@@ -191,20 +223,24 @@ class Windows:
             tokens_after=p.overhang,
         )
 
-    def _head_chars(self, text: str) -> int:
-        """How many leading characters of ``text`` fit in the clipped head's tokens.
+    def _chars(self, text: str, tokens: int, from_end: bool) -> int:
+        """How many leading (or trailing) characters of ``text`` fit in ``tokens``.
 
-        The longest prefix the policy's counter counts within ``head_tokens``: four
+        The longest prefix (suffix) the policy's counter counts within ``tokens``: four
         characters a token first (exact for the approximate counter), then by bisection.
         """
-        tokens, counter = self._head_tokens, self.policy.resolved_counter()
+        counter = self.policy.resolved_counter()
+
+        def part(k: int) -> str:
+            return text[len(text) - k :] if from_end else text[:k]
+
         n = min(len(text), 4 * tokens)
-        if counter(text[:n]) <= tokens:
+        if counter(part(n)) <= tokens:
             return n
         lo, hi = 0, n - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if counter(text[:mid]) <= tokens:
+            if counter(part(mid)) <= tokens:
                 lo = mid
             else:
                 hi = mid - 1
@@ -236,7 +272,9 @@ class Windows:
             p, view, summary = snapshot_plan(
                 self.policy, messages, describe, state, reserved, pruned
             )
-            stale = Work(messages, stored, p, view, state, False, False, reserved=given)
+            stale = Work(
+                messages, stored, p, view, state, False, False, reserved=given, describe=describe
+            )
             return self.window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
         index = view.index
@@ -247,7 +285,7 @@ class Windows:
             if (
                 at is not None
                 and at < len(messages)
-                and index.costs.cost(record_at(view, messages, at, describe)) != tokens
+                and index.costs.opener(record_at(view, messages, at, describe)) != tokens
             ):
                 view.index = None
         pinned_tokens = None
@@ -305,7 +343,7 @@ class Windows:
             p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
             resynced = True
         view.index = p.index
-        target = self._advance(state, p, view)
+        target = self._advance(state, p, view, messages)
         if (
             self._summarizer is not None
             and isinstance(self.policy.eviction, Compact)
@@ -318,7 +356,16 @@ class Windows:
             )
         known = resynced or state.generation > 0
         return Work(
-            messages, stored, p, view, target, resynced, known, reserved=given, pruned=pruned
+            messages,
+            stored,
+            p,
+            view,
+            target,
+            resynced,
+            known,
+            reserved=given,
+            pruned=pruned,
+            describe=describe,
         )
 
     def _with_summary(self, state: ConversationState, reserved: int) -> int:
@@ -350,11 +397,14 @@ class Windows:
         self._summaries[summary] = counted = max(as_system, as_note)
         return counted
 
-    def _advance(self, state: ConversationState, p: Plan, view: View) -> ConversationState:
+    def _advance(
+        self, state: ConversationState, p: Plan, view: View, messages: Sequence[Any] = ()
+    ) -> ConversationState:
         """The state with the plan's window and clearing watermark applied.
 
         ``delivered`` is the plan's ``deliver_from`` (the hook's watermark as the plan
         reads it); it moves past it only for Noop, which accepts everything at once.
+        ``messages`` (the history planned) gives the note the calls of what a cut drops.
         """
         start = p.window_start
         anchor = view.records[start - 1 - view.base].fingerprint if start > p.pinned else None
@@ -376,14 +426,17 @@ class Windows:
         summary, summarized = state.summary, state.summarized
         lo = max(state.window_start, p.pinned, view.base)
         if self._digest and start > lo:
-            # A LowWater cut: what it drops leaves its identifiers behind, committed with
-            # the window's start, so the prompt stays the same until the next cut.
+            # A LowWater cut: what it drops leaves a note behind, committed with the
+            # window's start, so the prompt stays the same until the next cut. When what
+            # the cut keeps leaves the note no room under the limit, it is cut down or
+            # left out (it is what can be cut).
             dropped = view.records[lo - view.base : start - view.base]
             # Within the digest's share, and within what the limit leaves once the plan's
             # window (which counted the old digest) is sent: never over the limit for it.
             had = self._summary_tokens(summary) if summary is not None else 0
             budget = min(self._digest, self.policy.limit - p.size + had)
-            summary = make_digest(summary, dropped, budget, self._count_text)
+            calls = _calls(dropped, messages, lo)
+            summary = make_digest(summary, dropped, budget, self._count_text, calls)
             summarized = start if summary is not None else summarized
         # dataclasses.replace, without its introspection (this runs on most turns)
         return _new_state(
@@ -449,9 +502,16 @@ class Windows:
             )
         if p.overhang:
             events = (*events, self._overhang_event(cid, work))
-        placeholders, clipped = replaced_texts(cid, work.view, p, self._head_chars)
         at = p.opener if p.opener is not None and p.opener < n else None
         opener = None if at is None else messages[at]
+        opener_rec = (
+            None
+            if at is None or work.describe is None
+            else record_at(work.view, messages, at, work.describe)
+        )
+        placeholders, clipped = replaced_texts(
+            cid, work.view, p, self._chars, self._costs, opener_rec
+        )
         return _new_window(
             cid,
             head,

@@ -1,7 +1,8 @@
 """What the Demoter's parts pass each other.
 
 A load's :class:`Work`, a conversation's :class:`Hold` (gate and lease), a
-:class:`Detached` hook call, and the :class:`Tally` of counters.
+:class:`Detached` hook call, the :class:`Tally` of counters, and the :class:`Replay` a
+background load runs under (:data:`REPLAY`).
 """
 
 from __future__ import annotations
@@ -9,18 +10,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from demote.engine._flow import Running
 from demote.engine._views import View
 from demote.events import DemoteEvent
-from demote.records import ConversationState, Demotion
+from demote.records import ConversationState, Demotion, MessageRecord
 from demote.state.base import Lease
 from demote.window.planner import Plan
 
-__all__ = ["FRESH", "Detached", "Hold", "Tally", "Work"]
+__all__ = ["FRESH", "REPLAY", "UNREPLAYABLE", "Detached", "Hold", "Replay", "Tally", "Work"]
 
 FRESH = ConversationState()
 
@@ -42,6 +44,7 @@ class Work:
     events: list[DemoteEvent] = field(default_factory=list)
     reserved: int = 0  # tokens outside the messages the plan left room for
     pruned: range = range(0)  # positions absent from the messages (a pruned prefix)
+    describe: Callable[[Any], MessageRecord] | None = None  # records a message read outside
 
     @property
     def changed(self) -> bool:
@@ -85,6 +88,38 @@ class Detached:
     began: float  # time.perf_counter() at the call's start
 
 
+@dataclass(slots=True, eq=False)
+class Replay:
+    """What a background load (:mod:`demote.engine._pending`) expects to find.
+
+    It replays a history read earlier, so before it delivers or commits anything the
+    conversation must still be the one that history was planned under: its state of the
+    same ``generation`` (``None``: unknown; :data:`UNREPLAYABLE`: none will do), and no
+    rewrite to re-sync. Else another worker reset or re-synced it since, and ``moved_on``
+    is set: the load does nothing. ``elsewhere``: another worker held its lease.
+    """
+
+    conversation_id: str
+    generation: int | None
+    moved_on: bool = False
+    elsewhere: bool = False
+
+    def moved(self, work: Work) -> bool:
+        """Has the conversation moved on from what this replay expects (recorded if so)?"""
+        stored = work.stored
+        have = -1 if stored is None else stored.generation
+        if work.resynced or self.generation not in (None, have):
+            self.moved_on = True
+        return self.moved_on
+
+
+#: A :attr:`Replay.generation` no state has: the history is not to be replayed.
+UNREPLAYABLE = -2
+
+#: The background load running in this context, if any (``None`` for every other load).
+REPLAY: ContextVar[Replay | None] = ContextVar("demote_replay", default=None)
+
+
 class Tally:
     """The Demoter's counters for :meth:`~demote.Demoter.stats` (this process)."""
 
@@ -96,6 +131,8 @@ class Tally:
         self.summaries = 0
         self.resyncs = 0
         self.degraded = 0
+        self.retries = 0  # background loads of conversations left with pending messages
+        self.untracked = 0  # conversations the background retries let go
         self.last_error: tuple[str, float] | None = None
         self.errors: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.pending: OrderedDict[str, int] = OrderedDict()

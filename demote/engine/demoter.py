@@ -19,7 +19,7 @@ truth) is never touched.
 
 Every I/O of a load (the state read, the lease, the hook, the commit) is an operation
 yielded by one generator (``Loader.flow``) and performed by two short drivers, one
-blocking, one awaiting (:mod:`demote.backends.flow`), so the async path never blocks an
+blocking, one awaiting (:mod:`demote.flow`), so the async path never blocks an
 event loop. A sync hook that must not block past ``hook_timeout`` (or must not block an
 event loop) runs on the engine's own threads (:mod:`demote.engine._runner`); a call that
 outlives its wait keeps the conversation busy, gate and lease, until it ends, so the same
@@ -36,13 +36,13 @@ from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
 from demote._validate import count, seconds
-from demote.backends.flow import Flow, drive_async, drive_sync
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
 from demote.engine._describing import describe_message
 from demote.engine._erasing import Eraser
 from demote.engine._loading import Loader
+from demote.engine._pending import Retries
 from demote.engine._stats import stats_of_conversation, stats_of_demoter
 from demote.engine._views import ViewCache
 from demote.engine._windows import Windows
@@ -59,7 +59,8 @@ from demote.events import (
     Observer,
     Observers,
 )
-from demote.hooks.simple import NoopHook, check_hook
+from demote.flow import Flow, drive_async, drive_sync
+from demote.hooks.simple import NoopHook, as_hook
 from demote.records import ConversationState, MessageRecord
 from demote.state.base import StateStore, validate_conversation_id
 from demote.state.memory import InMemoryStateStore
@@ -80,7 +81,9 @@ class Demoter(Closing):
     Args:
         policy: The window policy.
         hook: Where demoted messages go (``NoopHook`` if omitted): an object with
-            ``deliver(batch)`` and/or ``async adeliver(batch)``.
+            ``deliver(batch)`` and/or ``async adeliver(batch)``, or a plain (or async)
+            function, called with each :class:`~demote.records.Demotion` batch
+            (``Demoter(policy, print)``; see :mod:`demote.hooks.simple`).
         state: Where watermarks live; ``InMemoryStateStore()`` if omitted, use
             ``SQLiteStateStore(path)`` to survive restarts and ``RedisStateStore`` or
             ``PostgresStateStore`` for a fleet of workers.
@@ -109,7 +112,11 @@ class Demoter(Closing):
         max_batch: Most messages handed to the hook in one batch (a backlog is delivered
             in several, each committed as it succeeds).
         hook_threads: Threads the engine keeps for sync hook calls with a timeout (or from
-            async loads); with all of them busy, a delivery is refused and stays pending.
+            async loads).
+        hook_queue: Sync hook calls that may wait for a free hook thread when all are
+            busy (more application threads than hook threads); a call beyond them, or one
+            that has not started when ``hook_timeout`` runs out, is refused
+            (:class:`~demote.errors.HookBusy`) and its messages stay pending.
         on_store_error: ``"degrade"`` (a load whose state store fails, times out, or is
             skipped by its circuit breaker returns a *degraded* window, see
             :attr:`Window.degraded`, reports a ``degraded`` event and logs a warning at
@@ -134,6 +141,7 @@ class Demoter(Closing):
         retry: Backoff | None = None,
         max_batch: int = 500,
         hook_threads: int = 8,
+        hook_queue: int = 64,
         on_store_error: Literal["degrade", "raise"] = "degrade",
     ) -> None:
         if not isinstance(policy, SlidingWindow):
@@ -153,8 +161,7 @@ class Demoter(Closing):
             raise ConfigError(f"retry: expected a Backoff, got {type(retry).__name__}")
         self.max_batch = count("max_batch", max_batch)
         self.policy = policy
-        self.hook: object = NoopHook() if hook is None else hook
-        check_hook(self.hook)
+        self.hook: object = NoopHook() if hook is None else as_hook(hook)
         store = InMemoryStateStore() if state is None else state
         for method in ("get", "compare_and_set"):
             if not callable(getattr(store, method, None)):
@@ -192,6 +199,7 @@ class Demoter(Closing):
             lease_ttl=self.lease_ttl,
             max_batch=self.max_batch,
             hook_threads=count("hook_threads", hook_threads),
+            hook_queue=count("hook_queue", hook_queue, minimum=0),
             views=self._views,
             retry=self._retry,
             observers=self._observers,
@@ -200,9 +208,6 @@ class Demoter(Closing):
         self._degradation = Degradation(self._delivery.breaker, self._observers, self._tally)
         parts = (self._delivery, self._observers, self._tally)
         self._compactor = None if summarizer is None else Compactor(summarizer, *parts)
-        self._eraser = Eraser(
-            self._delivery, self._compactor, self._views, self._retry, self._tally
-        )
         self._windows = Windows(
             policy, self._views, self.tokens, self._tally, noop=self._noop, summarizer=summarizer
         )
@@ -217,6 +222,14 @@ class Demoter(Closing):
             on_store_error=on_store_error,
             on_hook_error=on_hook_error,
             noop=self._noop,
+        )
+        # Conversations whose last load left messages pending, loaded again in the
+        # background (bounded like the views), so they need no next load of their own.
+        self._retries = Retries(
+            self._loader, self._delivery, self._retry, self._tally, self._views.size
+        )
+        self._eraser = Eraser(
+            self._delivery, self._compactor, self._views, self._retry, self._tally, self._retries
         )
 
     # -- describing messages -------------------------------------------------------------
@@ -301,10 +314,14 @@ class Demoter(Closing):
             pruned: Positions absent from ``messages``, right after its pinned head (pruned
                 once the hook accepted them, positions kept); the load reads none of them.
 
+        A load that leaves messages pending (the hook failed or was busy) hands the
+        conversation to the background retries, which load it again until they are
+        delivered, without waiting for its next load (see :mod:`demote.engine._pending`).
+
         Raises:
             ConfigError: ``reserved`` is not an int ``>= 0``, or ``pruned`` no range.
         """
-        return drive_sync(self._loader.flow(conversation_id, messages, describe, reserved, pruned))
+        return drive_sync(self._retries.load(conversation_id, messages, describe, reserved, pruned))
 
     async def aload(
         self,
@@ -315,8 +332,11 @@ class Demoter(Closing):
         reserved: int = 0,
         pruned: range = range(0),
     ) -> Window[T]:
-        """Async :meth:`load`: every store round trip and the hook are awaited."""
-        flow = self._loader.flow(conversation_id, messages, describe, reserved, pruned)
+        """Async :meth:`load`: every store round trip and the hook are awaited.
+
+        Its background retries, if any, run as tasks on this event loop while it runs.
+        """
+        flow = self._retries.load(conversation_id, messages, describe, reserved, pruned)
         return await drive_async(flow)
 
     # -- degraded loads -----------------------------------------------------------------------
@@ -394,7 +414,10 @@ class Demoter(Closing):
                 itself (an agent thread whose front was pruned).
 
         Returns:
-            What each tier did.
+            What each tier did (:attr:`~demote.erase.EraseReport.tiers`), the state last
+            (:attr:`~demote.erase.EraseReport.state`: ``removed`` ``0`` if the store did
+            not hold the conversation); :attr:`~demote.erase.EraseReport.found` is
+            ``False`` for an id nothing knew.
         """
         return drive_sync(self._eraser.erase(conversation_id, messages, describe, wait, also, keys))
 
@@ -433,20 +456,27 @@ class Demoter(Closing):
         return bool((yield from self._delivery.store_op("compare_and_set", cid, current, state)))
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait for background work started by sync loads; ``True`` if all of it ended.
+        """Deliver what is pending and wait for background work: at shutdown, or in tests.
 
-        Background work is a summary being written, and a delivery that outlived
-        ``hook_wait`` finishing (its commit or its retry). Async loads run theirs as
-        tasks: await :meth:`adrain` instead; a sync hook call whose task was cancelled
-        (its event loop closed, as at the end of ``asyncio.run``) is followed on in a
-        thread, which this waits for. Observers run on their own thread and are not
-        waited for.
+        Every conversation this process left with pending messages is loaded again at
+        once, whatever its retry backoff, and again while that helps; background work is
+        waited for between rounds: a summary being written, a delivery that outlived
+        ``hook_wait`` finishing (its commit or its retry), a background retry in
+        progress. A hook that keeps failing is tried once, not until ``timeout`` (what is
+        left is in :meth:`stats`; the background retries go on). ``timeout`` bounds the
+        whole (``None``: no bound). Async loads run theirs as tasks: await
+        :meth:`adrain` instead; a sync hook call whose task was cancelled (its event loop
+        closed, as at the end of ``asyncio.run``) is followed on in a thread, which this
+        waits for. Observers run on their own thread and are not waited for.
+
+        Returns:
+            ``True`` if nothing is left pending or running.
         """
-        return self._delivery.drain(timeout)
+        return drive_sync(self._retries.drain(timeout))
 
     async def adrain(self, timeout: float | None = None) -> bool:
-        """Await background tasks started by async loads (and threads of sync loads)."""
-        return await self._delivery.adrain(timeout)
+        """Async :meth:`drain`: background tasks of async loads (and threads) are awaited."""
+        return await drive_async(self._retries.drain(timeout))
 
     def tracked_conversations(self) -> int:
         """How many conversations have demotion state."""
@@ -479,7 +509,8 @@ class Demoter(Closing):
 
     def stats(self) -> DemoterStats:
         """What this Demoter did since it was made (counts of this process)."""
-        return stats_of_demoter(self._tally, self.state.count())
+        retrying, queued = len(self._retries), self._delivery.runner.queued
+        return stats_of_demoter(self._tally, self.state.count(), retrying=retrying, queued=queued)
 
     def conversation_stats(self, conversation_id: str) -> ConversationStats:
         """One conversation's watermarks, pending messages and delivery health."""
@@ -494,6 +525,11 @@ class Demoter(Closing):
         return stats_of_conversation(cid, state, self._tally, self._retry)
 
     def close(self) -> None:
-        """Stop the engine's threads (hook calls still running finish on their own)."""
+        """Stop the engine's threads (hook calls still running finish on their own).
+
+        Messages still pending stay so, for the conversations' next loads: call
+        :meth:`drain` first to deliver them.
+        """
+        self._retries.close()
         self._delivery.keeper.close()
         self._delivery.runner.close()

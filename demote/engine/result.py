@@ -15,12 +15,13 @@ __all__ = ["PROGRESS_PREFIX", "SUMMARY_PREFIX", "Window", "render_progress", "re
 
 T = TypeVar("T")
 
-#: How adapters introduce the running summary to the model (one system message).
-SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+#: How adapters introduce the running summary to the model: a model's summary or the
+#: note a cut left (either way, what the window no longer shows in full).
+SUMMARY_PREFIX = "Earlier in this conversation (no longer shown in full):\n"
 
 #: How adapters introduce the running summary when the window starts inside a turn: a
 #: progress note on the task the opener set, sent with the opener (see :class:`Window`).
-PROGRESS_PREFIX = "Progress so far on this task (earlier steps, summarized):\n"
+PROGRESS_PREFIX = "Earlier steps of this task (no longer shown in full):\n"
 
 
 def render_summary(summary: str) -> str:
@@ -60,7 +61,8 @@ class Window(Generic[T]):
         opener: When the window starts inside a turn (at a step boundary), the message
             that opened the turn, sent between the summary and ``messages`` so the model
             still sees the task (and every request starts with a user message); else
-            ``None``. It is before ``start``: it was handed to the hook too.
+            ``None``. It is before ``start``: it was handed to the hook too. When it is
+            over the clipping size, ``clipped[opener_index]`` is what it is sent as.
         opener_index: The opener's absolute index (recall skips it: the model sees it).
         placeholders: Absolute index -> the text the model is sent instead of that tool
             result's content (cleared: :func:`demote.window.clearing.placeholder_text`, naming
@@ -72,7 +74,9 @@ class Window(Generic[T]):
             of its cut argument values (:func:`demote.window.clearing.call_marker`):
             adapters send a copy whose calls are
             :func:`demote.window.clearing.clip_calls` of its calls (ids, names and
-            argument keys kept) and whose text is unchanged.
+            argument keys kept) and whose text is unchanged; for an oversized opener, its
+            head and tail around a marker naming its archived key
+            (:func:`demote.window.clearing.user_clipped_text`), sent as its content.
         overhang: Tokens (in the policy's unit) by which what cannot be cut (pinned
             messages, the opener, the newest step after clipping) alone exceeds the
             limit; ``0`` when the window obeys it. An ``overhang`` event reports it.
@@ -82,9 +86,10 @@ class Window(Generic[T]):
             (a window not planned by the engine).
 
     How adapters render it for the model: ``pinned``, then the summary (one system
-    message, :func:`render_summary`) unless there is an ``opener``, then the opener as it
-    is, followed by the summary as a progress note (:func:`render_progress`) in a user
-    message of its own (a system message mid-conversation is refused by some providers;
+    message, :func:`render_summary`) unless there is an ``opener``, then the opener (its
+    ``clipped`` text applied, if any), followed by the summary as a progress note
+    (:func:`render_progress`) in a user message of its own (a system message
+    mid-conversation is refused by some providers;
     kept apart, the opener stays byte-identical when the summary changes, so a prompt
     cache does not write it again), then ``messages`` with ``placeholders`` and
     ``clipped`` applied.

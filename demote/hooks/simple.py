@@ -1,4 +1,14 @@
-"""Small built-in hooks: discard, call a function, or fan out to several hooks."""
+"""Small built-in hooks: discard, call a function, or fan out to several hooks.
+
+A plain function is a hook too: ``Demoter(policy, fn)`` (and ``FanOutHook(archive, fn)``)
+calls ``fn(batch)`` with each :class:`~demote.records.Demotion`, as
+``CallbackHook(fn)`` does (:func:`as_hook`). It gets the batch, not each message, so the
+delivery story stays the engine's: one call per batch, once within a process; a function
+that raises refuses the whole batch, which is offered again later (with backoff), so no
+message is handed over twice in a process because a later one failed. Across restarts
+delivery is at-least-once: each message carries its dedup key (``m.key``) for a function
+that stores it.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +17,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from demote.backends.flow import run_sync
 from demote.errors import ConfigError
+from demote.flow import run_sync
 from demote.records import Demotion
 
 __all__ = [
@@ -67,19 +77,34 @@ def native_async(hook: object) -> bool:
     return bool(getattr(hook, "native_async", True))
 
 
-def check_hook(hook: object) -> None:
-    """Raise :class:`ConfigError` unless ``hook`` has ``deliver`` or ``adeliver``."""
-    if not callable(getattr(hook, "deliver", None)) and not callable(
-        getattr(hook, "adeliver", None)
-    ):
-        raise ConfigError(f"hook: {hook!r} has neither deliver() nor adeliver()")
+def as_hook(hook: object) -> object:
+    """``hook`` if it has ``deliver`` or ``adeliver``; a plain callable as ``CallbackHook``.
+
+    Raises:
+        ConfigError: ``hook`` is a class (not an instance), or neither a hook nor
+            callable.
+    """
+    if isinstance(hook, type):
+        raise ConfigError(
+            f"hook: got the class {hook.__name__}, not an instance: pass {hook.__name__}(...)"
+        )
+    if callable(getattr(hook, "deliver", None)) or callable(getattr(hook, "adeliver", None)):
+        return hook
+    if callable(hook):
+        return CallbackHook(hook)
+    raise ConfigError(
+        f"hook: {hook!r:.80} is neither a hook (an object with deliver() or adeliver()) nor "
+        "a function of the batch"
+    )
 
 
 class CallbackHook:
     """Calls ``fn(batch)`` for every batch; ``fn`` may be a plain or an async function.
 
-    A sync ``fn`` runs in a worker thread for async callers; an async ``fn`` is run to
-    completion for sync callers.
+    What a Demoter makes of a plain function given as its hook. ``fn`` receives the
+    :class:`~demote.records.Demotion` (its messages carry their dedup keys); raising
+    refuses the whole batch (see the module docstring). A sync ``fn`` runs in a worker
+    thread for async callers; an async ``fn`` is run to completion for sync callers.
     """
 
     def __init__(self, fn: Callable[[Demotion], Any] | Callable[[Demotion], Awaitable[Any]]):
@@ -114,17 +139,16 @@ class CallbackHook:
 class FanOutHook:
     """Delivers every batch to several hooks, in order; fails if any of them fails.
 
-    A failure stops the batch at that hook and is re-raised, so the watermark does not
-    advance and the whole batch is offered again: the hooks before it see it twice, which
-    is why built-in hooks are idempotent on the message key.
+    Each hook may be a plain function too (see :func:`as_hook`). A failure stops the batch
+    at that hook and is re-raised, so the watermark does not advance and the whole batch is
+    offered again: the hooks before it see it twice, which is why built-in hooks are
+    idempotent on the message key.
     """
 
     def __init__(self, *hooks: object) -> None:
         if not hooks:
             raise ConfigError("FanOutHook needs at least one hook")
-        for hook in hooks:
-            check_hook(hook)
-        self.hooks = hooks
+        self.hooks = tuple(as_hook(hook) for hook in hooks)
 
     @property
     def native_async(self) -> bool:

@@ -28,8 +28,8 @@ namespace, comparing metadata keys), then the cache answers.
 
 **Layout.** :mod:`~demote.mem0.config` (namespaces, :func:`memory_from_config`),
 :mod:`~demote.mem0.hook`, :mod:`~demote.mem0.recall`, :mod:`~demote.mem0.capture`, and
-``_drivers`` (each operation written once as a generator of mem0 calls, run by one sync
-and one async driver, with mem0's exceptions translated there).
+``_drivers`` (each operation written once as a flow of mem0 calls, run by the drivers of
+:mod:`demote.flow`, with mem0's exceptions translated at that boundary).
 
 Importing this package never imports mem0 (``import mem0`` takes about two seconds); objects
 are duck-typed: a hosted client is recognised by the ``options`` parameter of its ``add``,

@@ -1,12 +1,13 @@
-"""The mem0 object behind every class: its flavour, its dedup queries, the two drivers.
+"""The mem0 object behind every class: its flavour, its dedup queries, its calls.
 
-**Theory of operation.** Each operation is written once, as a generator that yields the
-mem0 calls it needs (method name and arguments) and receives their results. ``_drive``
-runs it against a sync object, ``_adrive`` against an async one; a sync method on an
-async object runs ``_adrive`` to completion on a private event loop, an async method on a
-sync object runs ``_drive`` in ``asyncio.to_thread``. Exceptions raised by mem0 are
-translated there, at the boundary: :class:`~demote.errors.HookError` for hook and capture,
-:class:`~demote.errors.StoreError` for recall.
+**Theory of operation.** Each operation is written once, as a flow (:mod:`demote.flow`)
+that yields the mem0 calls it needs (:class:`Mem0Call`: method name and arguments) and
+receives their results. :func:`~demote.flow.drive_sync` runs it against a sync object,
+:func:`~demote.flow.drive_async` against an async one; a sync method on an async object
+runs the async driver to completion with :func:`~demote.flow.run_sync`, an async method on
+a sync object runs the sync driver in ``asyncio.to_thread``. Exceptions raised by mem0 are
+translated at the boundary (:meth:`_Mem0.run`): :class:`~demote.errors.HookError` for hook
+and capture, :class:`~demote.errors.StoreError` for recall.
 
 Objects are duck-typed: a hosted client is recognised by the ``options`` parameter of its
 ``add``, an async one by a coroutine ``add``. :class:`_KnownKeys` is the per-process cache
@@ -16,17 +17,18 @@ of keys known to be in mem0.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import inspect
 import sqlite3
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Coroutine, Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from demote.errors import ConfigError, DemoteError, HookError
+from demote.flow import Flow, drive_async, drive_sync, run_sync
 from demote.mem0.config import (
     _ENTITY_FIELDS,
     CONVERSATION_FIELD,
@@ -42,8 +44,43 @@ _HOSTED_PAGE_SIZE = 100
 _ERASE_BATCH = 1000  # memories listed per round of an erase (open source)
 
 _T = TypeVar("_T")
-_Call = tuple[str, tuple[Any, ...], dict[str, Any]]
-_Flow = Generator[_Call, Any, _T]
+
+
+class _Failed(Exception):
+    """A mem0 call failed; :meth:`_Mem0.run` gives it the caller's error type."""
+
+
+@dataclass(slots=True)
+class Mem0Call:
+    """Call ``memory.<name>(*args, **kwargs)``: a :mod:`demote.flow` operation.
+
+    Blocking, under the object's lock (demote's calls to one sync object never overlap);
+    awaited on a native async object. ``name`` ``_PURGE`` runs :func:`_purge_history`.
+    """
+
+    memory: Any
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run_sync(self) -> Any:
+        """Call the sync object's method."""
+        try:
+            with _lock_of(self.memory):
+                if self.name == _PURGE:
+                    return _purge_history(self.memory, *self.args)
+                return getattr(self.memory, self.name)(*self.args, **self.kwargs)
+        except Exception as exc:
+            raise _Failed(f"mem0 {self.name}() failed: {exc}") from exc
+
+    async def run_async(self) -> Any:
+        """Await the async object's method (the purge in a thread)."""
+        try:
+            if self.name == _PURGE:
+                return await asyncio.to_thread(_purge_history, self.memory, *self.args)
+            return await getattr(self.memory, self.name)(*self.args, **self.kwargs)
+        except Exception as exc:
+            raise _Failed(f"mem0 {self.name}() failed: {exc}") from exc
 
 
 class _Mem0:
@@ -81,6 +118,10 @@ class _Mem0:
             return {"AND": [{name: value} for name, value in scope.items()]}
         return dict(scope)
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Mem0Call:
+        """A call of the mem0 object's method ``name``, for a flow to yield."""
+        return Mem0Call(self.memory, name, args, kwargs)
+
     def add_call(
         self,
         scope: dict[str, str],
@@ -88,7 +129,7 @@ class _Mem0:
         metadata: dict[str, Any],
         infer: bool,
         prompt: str | None = None,
-    ) -> _Call:
+    ) -> Mem0Call:
         """An ``add`` call: OSS takes entity ids as keywords, the hosted v3 API in filters."""
         payload = [{"role": m.role, "content": m.text} for m in messages]
         kwargs: dict[str, Any] = {"metadata": metadata, "infer": infer}
@@ -100,11 +141,11 @@ class _Mem0:
             kwargs.update(scope)
             if prompt is not None:
                 kwargs["prompt"] = prompt
-        return ("add", (payload,), kwargs)
+        return self.call("add", payload, **kwargs)
 
     def stored_keys(
         self, known: _KnownKeys, cid: str, scope: dict[str, str], field: str, keys: list[str]
-    ) -> _Flow[set[str]]:
+    ) -> Flow[set[str]]:
         """Which of ``keys`` mem0 already holds (``field`` is where a key sits in metadata).
 
         Open source: one ``get_all`` with ``field in keys`` pushed down to the vector store.
@@ -113,7 +154,7 @@ class _Mem0:
         found: set[str] = set()
         if not self.hosted:
             filters = {**scope, field: {"in": keys}}
-            result = yield ("get_all", (), {"filters": filters, "top_k": 4 * len(keys) + 16})
+            result = yield self.call("get_all", filters=filters, top_k=4 * len(keys) + 16)
             for item in _results(result):
                 found |= _item_keys(item)
         elif not known.scanned(cid):
@@ -123,15 +164,13 @@ class _Mem0:
         known.add(cid, found)
         return found
 
-    def _scan(self, scope: dict[str, str]) -> _Flow[list[dict[str, Any]]]:
+    def _scan(self, scope: dict[str, str]) -> Flow[list[dict[str, Any]]]:
         """Every memory of ``scope`` on the hosted API (paged ``get_all``)."""
         items: list[dict[str, Any]] = []
         page = 1
         while True:
-            result = yield (
-                "get_all",
-                (),
-                {"filters": self.filters(scope), "page": page, "page_size": _HOSTED_PAGE_SIZE},
+            result = yield self.call(
+                "get_all", filters=self.filters(scope), page=page, page_size=_HOSTED_PAGE_SIZE
             )
             found = _results(result)
             items += found
@@ -139,7 +178,7 @@ class _Mem0:
                 return items
             page += 1
 
-    def erase(self, known: _KnownKeys, cid: str) -> _Flow[int]:
+    def erase(self, known: _KnownKeys, cid: str) -> Flow[int]:
         """Delete the conversation's memories, and ``known``'s keys of it; how many.
 
         See :meth:`_Mem0Tier.erase` for which memories.
@@ -165,33 +204,39 @@ class _Mem0:
                 if tag is not None:
                     filters[CONVERSATION_FIELD] = tag
                 query = {"filters": filters, "top_k": _ERASE_BATCH, "show_expired": True}
-                items = _results((yield ("get_all", (), query)))
+                items = _results((yield self.call("get_all", **query)))
             ids = [str(i["id"]) for i in items if "id" in i and _belongs(i, tag)]
             if seen.intersection(ids):
                 raise HookError(f"mem0 still lists deleted memories of {cid!r}: {ids[:3]}")
             seen.update(ids)
             for memory_id in ids:
-                yield ("delete", (memory_id,), kwargs)
+                yield self.call("delete", memory_id, **kwargs)
                 removed += 1
             if not self.hosted and not ids:
                 # mem0 logged each deleted memory's text in its history, and kept the
                 # namespace's last messages: purge those rows too.
-                yield (_PURGE, (sorted(seen), scope if tag is None else None), {})
+                yield self.call(_PURGE, sorted(seen), scope if tag is None else None)
             if self.hosted or not ids:
                 known.forget(cid)
                 return removed
 
-    def run(self, flow: _Flow[_T], error: type[DemoteError]) -> _T:
-        """Run ``flow`` to completion, blocking."""
-        if not self.is_async:
-            return _drive(self.memory, flow, error)
-        return _run_coroutine(_adrive(self.memory, flow, error))
+    def run(self, flow: Flow[_T], error: type[DemoteError]) -> _T:
+        """Run ``flow`` to completion, blocking; a mem0 failure raises ``error``."""
+        try:
+            if not self.is_async:
+                return drive_sync(flow)
+            return run_sync(drive_async(flow))
+        except _Failed as failed:
+            raise error(str(failed)) from failed.__cause__
 
-    async def arun(self, flow: _Flow[_T], error: type[DemoteError]) -> _T:
-        """Run ``flow`` to completion without blocking the event loop."""
-        if self.is_async:
-            return await _adrive(self.memory, flow, error)
-        return await asyncio.to_thread(_drive, self.memory, flow, error)
+    async def arun(self, flow: Flow[_T], error: type[DemoteError]) -> _T:
+        """Run ``flow`` to completion without blocking the event loop (see :meth:`run`)."""
+        try:
+            if self.is_async:
+                return await drive_async(flow)
+            return await asyncio.to_thread(drive_sync, flow)
+        except _Failed as failed:
+            raise error(str(failed)) from failed.__cause__
 
 
 _LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
@@ -266,58 +311,6 @@ def _session_scope(scope: dict[str, str]) -> str | None:
         return None
     key = _build_session_scope(scope)
     return key if isinstance(key, str) else None
-
-
-def _drive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
-    lock = _lock_of(memory)
-    try:
-        call = next(flow)
-        while True:
-            name, args, kwargs = call
-            try:
-                with lock:
-                    if name == _PURGE:
-                        result = _purge_history(memory, *args)
-                    else:
-                        result = getattr(memory, name)(*args, **kwargs)
-            except Exception as exc:
-                raise error(f"mem0 {name}() failed: {exc}") from exc
-            call = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
-
-async def _adrive(memory: Any, flow: _Flow[_T], error: type[DemoteError]) -> _T:
-    try:
-        call = next(flow)
-        while True:
-            name, args, kwargs = call
-            try:
-                if name == _PURGE:
-                    result = await asyncio.to_thread(_purge_history, memory, *args)
-                else:
-                    result = await getattr(memory, name)(*args, **kwargs)
-            except Exception as exc:
-                raise error(f"mem0 {name}() failed: {exc}") from exc
-            call = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    finally:
-        flow.close()
-
-
-def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``coro`` to completion from sync code, even on a thread that runs a loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    # Called from inside a running loop: that loop cannot be re-entered, so run a private
-    # one in a worker thread and wait for it (this blocks the caller, as a sync call does).
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="demote-mem0") as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 class _Mem0Tier:

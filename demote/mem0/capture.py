@@ -9,7 +9,8 @@ from demote._closing import Closing
 from demote.capture.dispatch import RecorderStats
 from demote.capture.recorder import Recorder
 from demote.errors import HookError
-from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
+from demote.flow import Flow
+from demote.mem0._drivers import _KnownKeys, _Mem0, _Mem0Tier
 from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, Namespace
 from demote.records import CapturedTurn, DemotedMessage
 
@@ -97,7 +98,7 @@ class Mem0Capture(Closing):
         """
         await self._mem.arun(self._write(turn), HookError)
 
-    def _write(self, turn: CapturedTurn) -> _Flow[None]:
+    def _write(self, turn: CapturedTurn) -> Flow[None]:
         cid = turn.conversation_id
         scope = self._mem.scope(cid)
         # An outbox re-delivers after a crash: skip a turn whose memories are already there.

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from demote.errors import ConfigError, HookError
-from demote.mem0._drivers import _Flow, _KnownKeys, _Mem0, _Mem0Tier
+from demote.flow import Flow
+from demote.kit import data_by_reference
+from demote.mem0._drivers import _KnownKeys, _Mem0, _Mem0Tier
 from demote.mem0.config import CONVERSATION_FIELD, KEY_FIELD, KEYS_FIELD, Namespace
 from demote.records import DemotedMessage, Demotion, searchable_text
-from demote.window._media import data_by_reference
 
 __all__ = ["DATA_FIELD", "Mem0Hook"]
 
@@ -84,7 +85,7 @@ class Mem0Hook(_Mem0Tier):
         """
         await self._mem.arun(self._deliver(batch), HookError)
 
-    def _deliver(self, batch: Demotion) -> _Flow[None]:
+    def _deliver(self, batch: Demotion) -> Flow[None]:
         cid = batch.conversation_id
         scope = self._mem.scope(cid)
         shown = [self._shown(m) for m in batch.messages if m.role != "system"]

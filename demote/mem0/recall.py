@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from demote.archive import _args
-from demote.archive._rank import fit
+from demote.archive import args
+from demote.archive.ranking import fit
 from demote.errors import StoreError
-from demote.mem0._drivers import _Flow, _Mem0, _results
+from demote.flow import Flow
+from demote.mem0._drivers import _Mem0, _results
 from demote.mem0.config import KEY_FIELD, Namespace
 from demote.records import Recalled
 from demote.state.base import validate_conversation_id
@@ -45,8 +46,8 @@ class Mem0Recall:
         threshold: float | None = None,
         counter: str | Counter = "approx",
     ) -> None:
-        self._threshold = None if threshold is None else _args.weight("threshold", threshold)
-        self._count = _args.counter(counter)
+        self._threshold = None if threshold is None else args.weight("threshold", threshold)
+        self._count = args.counter(counter)
         self._mem = _Mem0(memory, user_id, agent_id, namespace)
 
     def search(
@@ -90,17 +91,17 @@ class Mem0Recall:
     ) -> tuple[dict[str, str], str, int, int | None]:
         """The checked arguments of a search (before any mem0 call)."""
         scope = self._mem.scope(validate_conversation_id(cid))
-        return scope, _args.query(query), _args.top_k(k), _args.budget(budget)
+        return scope, args.query(query), args.top_k(k), args.budget(budget)
 
     def _search(
         self, scope: dict[str, str], query: str, k: int, budget: int | None
-    ) -> _Flow[list[Recalled]]:
+    ) -> Flow[list[Recalled]]:
         if k <= 0 or not query.strip():
             return []
         kwargs: dict[str, Any] = {"filters": self._mem.filters(scope), "top_k": k}
         if self._threshold is not None:
             kwargs["threshold"] = self._threshold
-        result = yield ("search", (query,), kwargs)
+        result = yield self._mem.call("search", query, **kwargs)
         found = []
         for item in _results(result):
             meta = item.get("metadata") or {}

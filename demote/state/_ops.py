@@ -1,6 +1,6 @@
 """The public face the durable stores share: each method builds one operation, run twice.
 
-A durable store describes each operation once (:class:`Op`: what to send, in the
+A durable store describes each operation once (:class:`StoreOp`: what to send, in the
 store's own terms, and how to read the reply) and supplies two drivers, ``_run``
 (blocking) and ``_arun`` (awaited). :class:`OpStore` turns that into the whole protocol,
 sync and async, so no method body exists twice. Arguments are checked while the
@@ -17,14 +17,19 @@ from demote._closing import Closing
 from demote.records import ConversationState
 from demote.state.base import Lease, check_holder, check_lease, check_states
 
-__all__ = ["Op", "OpStore"]
+__all__ = ["OpStore", "StoreOp"]
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class Op(Generic[T]):
-    """One operation: ``request`` (a script call, a statement, a function), and ``finish``."""
+class StoreOp(Generic[T]):
+    """One state store operation: ``request``, and ``finish``, which reads the reply.
+
+    ``request`` is a script call, a statement or a function, in the store's own terms.
+    Not a flow's operation (:class:`demote.flow.Op`): the store's ``_run`` or ``_arun``
+    sends it whole.
+    """
 
     request: Any
     finish: Callable[[Any], T]
@@ -41,13 +46,13 @@ class OpStore(Closing):
     #: Its calls do I/O: the engine's async path awaits the async twins.
     nonblocking: ClassVar[bool] = False
 
-    def _run(self, op: Op[T]) -> T:
+    def _run(self, op: StoreOp[T]) -> T:
         raise NotImplementedError
 
-    async def _arun(self, op: Op[T]) -> T:
+    async def _arun(self, op: StoreOp[T]) -> T:
         raise NotImplementedError
 
-    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> StoreOp[ConversationState | None]:
         raise NotImplementedError
 
     def _cas_op(
@@ -57,25 +62,28 @@ class OpStore(Closing):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> Op[bool]:
+    ) -> StoreOp[bool]:
         raise NotImplementedError
 
-    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> StoreOp[ConversationState]:
         raise NotImplementedError
 
-    def _delete_op(self, conversation_id: str) -> Op[None]:
+    def _delete_op(self, conversation_id: str) -> StoreOp[None]:
         raise NotImplementedError
 
-    def _count_op(self) -> Op[int]:
+    def _count_op(self) -> StoreOp[int]:
         raise NotImplementedError
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> StoreOp[Lease | None]:
         raise NotImplementedError
 
-    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+    def _conversations_op(self) -> StoreOp[list[str]]:
         raise NotImplementedError
 
-    def _release_op(self, lease: Lease) -> Op[None]:
+    def _renew_op(self, lease: Lease, ttl: float) -> StoreOp[bool]:
+        raise NotImplementedError
+
+    def _release_op(self, lease: Lease) -> StoreOp[None]:
         raise NotImplementedError
 
     def get(self, conversation_id: str) -> ConversationState | None:
@@ -115,6 +123,14 @@ class OpStore(Closing):
     def count(self) -> int:
         """How many conversations have state (a cleared one keeps its tombstone)."""
         return self._run(self._count_op())
+
+    def conversations(self) -> list[str]:
+        """Ids of the conversations with state, sorted by code point (``demote inspect``)."""
+        return self._run(self._conversations_op())
+
+    async def aconversations(self) -> list[str]:
+        """Async :meth:`conversations`."""
+        return await self._arun(self._conversations_op())
 
     def acquire_lease(self, conversation_id: str, holder: str, ttl: float) -> Lease | None:
         """Take the conversation's lease for ``ttl`` seconds if no unexpired one is held.

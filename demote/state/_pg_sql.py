@@ -27,11 +27,12 @@ from dataclasses import astuple
 from functools import cache
 from typing import Any
 
+from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS
 from demote.state.base import Lease, tombstone
 
-__all__ = ["SCHEMA_VERSION", "Sql"]
+__all__ = ["SCHEMA_VERSION", "Sql", "migrate", "schema_version"]
 
 SCHEMA_VERSION = 4
 _TYPES = {c: ("text" if c in ("anchor", "summary", "trail") else "bigint") for c in COLUMNS}
@@ -180,7 +181,7 @@ class Sql:
             "holder TEXT NOT NULL, expires TIMESTAMPTZ NOT NULL)",
             # version 2
             f"ALTER TABLE {lease} ADD COLUMN IF NOT EXISTS token BIGINT NOT NULL DEFAULT 0",
-            f"CREATE SEQUENCE IF NOT EXISTS {t}_fence",
+            self._fence(),
             # version 3
             f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS trail TEXT NOT NULL DEFAULT ''",
             # version 4
@@ -190,6 +191,22 @@ class Sql:
             f"INSERT INTO {t}_meta (version) VALUES ({SCHEMA_VERSION}) "
             f"ON CONFLICT (id) DO UPDATE SET version = {SCHEMA_VERSION}",
         ]
+
+    def _fence(self) -> str:
+        """Create the fencing sequence if it is missing.
+
+        A new store's starts at 1. One made again (it was dropped, the store's meta row
+        says tokens were handed out before) starts at the server's clock in milliseconds:
+        fencing tokens must only grow (an archive refuses batches older than an erase's
+        token), and no store hands out a token per millisecond since 1970.
+        """
+        t = self.table
+        return (
+            f"DO $$ BEGIN IF to_regclass('{t}_fence') IS NULL THEN "
+            f"IF to_regclass('{t}_meta') IS NULL THEN CREATE SEQUENCE {t}_fence; "
+            f"ELSE EXECUTE format('CREATE SEQUENCE {t}_fence START WITH %s', "
+            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint); END IF; END IF; END $$"
+        )
 
     def _own_check(self) -> str:
         """A statement that raises if a table named like the store's is another program's.
@@ -227,3 +244,35 @@ class Sql:
     def version(self) -> str:
         """The recorded schema version (only once :attr:`meta_exists`)."""
         return f"SELECT version FROM {self.table}_meta"
+
+
+def migrate(conn: Any, sql: Sql, repair: bool) -> None:
+    """Create or upgrade ``sql``'s tables to :data:`SCHEMA_VERSION` (one transaction).
+
+    Without ``repair`` nothing runs when the recorded version is current; with it every
+    (idempotent) statement runs, so whatever was dropped is made again.
+
+    Raises:
+        StoreError: The table records a newer schema than this code's.
+    """
+    version = schema_version(conn, sql)
+    if version is not None:
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"table {sql.table!r} has state store schema {version}, newer than this "
+                f"demote's {SCHEMA_VERSION}: upgrade demote"
+            )
+        if version == SCHEMA_VERSION and not repair:
+            return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"demote:{sql.table}",))
+        for statement in sql.migrations():
+            conn.execute(statement)
+
+
+def schema_version(conn: Any, sql: Sql) -> int | None:
+    """The schema version recorded for ``sql``'s table (``None``: none recorded)."""
+    if not conn.execute(sql.meta_exists).fetchone()[0]:
+        return None
+    (version,) = conn.execute(sql.version).fetchone()
+    return int(version)

@@ -23,7 +23,11 @@ archive):
   and replaced, so the store recovers with no process restart;
 - a pool that cannot connect gives up its background retries within ``timeout`` and
   connects again on the next call, instead of backing off for seconds: recovery follows
-  the engine's breaker, whose probes are at most 0.6 s apart.
+  the engine's breaker, whose probes are at most 0.6 s apart;
+- a server out of reach when the store is made does not stop it being made: its calls
+  fail until the server answers, and the first that reaches it makes or checks the
+  tables; a table or the sequence dropped while the store runs is made again by the next
+  call that finds it missing (:mod:`demote.backends.postgres`).
 
 Every psycopg error becomes a :class:`StoreError` at this boundary.
 """
@@ -37,8 +41,8 @@ from demote.backends.postgres import Pools, table_name
 from demote.errors import StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, state_from_row, storable_id
-from demote.state._ops import Op, OpStore
-from demote.state._pg_sql import SCHEMA_VERSION, Sql
+from demote.state._ops import OpStore, StoreOp
+from demote.state._pg_sql import SCHEMA_VERSION, Sql, migrate, schema_version
 from demote.state.base import Lease, check_holder
 
 __all__ = ["PostgresStateStore"]
@@ -48,9 +52,9 @@ Rows = list[tuple[Any, ...]]
 _LABEL = "postgres state store"
 
 
-def _op(sql: str, params: dict[str, Any], finish: Callable[[Rows], T]) -> Op[T]:
+def _op(sql: str, params: dict[str, Any], finish: Callable[[Rows], T]) -> StoreOp[T]:
     """One statement and how to read its rows."""
-    return Op((sql, params), finish)
+    return StoreOp((sql, params), finish)
 
 
 class PostgresStateStore(OpStore):
@@ -77,6 +81,15 @@ class PostgresStateStore(OpStore):
         keepalives_idle: Seconds of idleness before TCP keepalive probes start.
         application_name: Shown in ``pg_stat_activity`` (name each worker to find its
             sessions).
+        read_only: Open an existing store for reading only (what ``demote inspect``
+            does): nothing is created or migrated, the connections refuse writes, the
+            table must be at this schema, and a server out of reach raises at once.
+
+    Raises:
+        StoreError: The table holds a newer schema, or another program's table; the
+            server refused the connection for good; read-only: the server is out of
+            reach, or the table is missing or older. (A writable store made while its
+            server is out of reach is built: see :mod:`demote.backends.postgres`.)
     """
 
     def __init__(
@@ -93,15 +106,19 @@ class PostgresStateStore(OpStore):
         max_size: int = 10,
         keepalives_idle: int = 30,
         application_name: str = "demote",
+        read_only: bool = False,
     ) -> None:
         self.table = table_name(table, 51)  # the pools check the other options
+        self.read_only = read_only
         self._sql = Sql(table)
         self._pools = Pools(
             dsn,
             pool=pool,
             async_pool=async_pool,
-            name=f"demote-{table}",
-            setup=self._migrate,
+            name=f"postgres state store {table!r}",
+            setup=self._check_current if read_only else self._migrate,
+            read_only=read_only,
+            wait_for_server=not read_only,
             timeout=timeout,
             connect_timeout=connect_timeout,
             statement_timeout=statement_timeout,
@@ -112,31 +129,47 @@ class PostgresStateStore(OpStore):
         )
         self.timeout = self._pools.timeout
 
-    def _migrate(self, conn: Any) -> None:
-        """Create or upgrade the tables to :data:`SCHEMA_VERSION` (one transaction)."""
-        sql = self._sql
-        if conn.execute(sql.meta_exists).fetchone()[0]:
-            (version,) = conn.execute(sql.version).fetchone()
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"table {self.table!r} has state store schema {version}, newer than this "
-                    f"demote's {SCHEMA_VERSION}: upgrade demote"
-                )
-            if version == SCHEMA_VERSION:
-                return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"demote:{self.table}",))
-            for statement in sql.migrations():
-                conn.execute(statement)
+    def _migrate(self, conn: Any, repair: bool = False) -> None:
+        """Create or upgrade the tables to :data:`SCHEMA_VERSION` (one transaction).
 
-    def _run(self, op: Op[T]) -> T:
+        With ``repair``, every statement runs even if the recorded version is current:
+        a table or the sequence dropped since is made again, as at first use.
+        """
+        migrate(conn, self._sql, repair)
+
+    def _check_current(self, conn: Any, repair: bool = False) -> None:
+        """A read-only open reads only a table at this code's schema (it cannot migrate)."""
+        version = schema_version(conn, self._sql)
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"no state store in table {self.table!r}"
+                if version is None
+                else f"table {self.table!r} has state store schema {version}, not "
+                f"{SCHEMA_VERSION}: open it once for writing to migrate it"
+            )
+
+    def ensure_schema(self) -> None:
+        """Create or upgrade the tables now, and make again any that is missing.
+
+        Idempotent; what ``demote migrate`` runs ahead of a deployment. A store does it
+        by itself on first use and when it finds a table missing.
+
+        Raises:
+            StoreError: The server cannot be reached, the table holds a newer schema or
+                another program's table, or the store is read-only.
+        """
+        if self.read_only:
+            raise StoreError(f"state store table {self.table!r} was opened read-only")
+        self._pools.repair()
+
+    def _run(self, op: StoreOp[T]) -> T:
         def work(conn: Any) -> Rows:
             cur = conn.execute(*op.request)
             return cur.fetchall() if cur.description else []
 
         return op.finish(self._pools.run(work, _LABEL))
 
-    async def _arun(self, op: Op[T]) -> T:
+    async def _arun(self, op: StoreOp[T]) -> T:
         async def work(conn: Any) -> Rows:
             cur = await conn.execute(*op.request)
             return await cur.fetchall() if cur.description else []
@@ -145,14 +178,18 @@ class PostgresStateStore(OpStore):
 
     # The operations, described once; _run and _arun perform them.
 
-    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> StoreOp[ConversationState | None]:
         def finish(rows: Rows) -> ConversationState | None:
             return state_from_row(rows[0]) if rows else None
 
         return _op(self._sql.get, {"id": storable_id(conversation_id)}, finish)
 
-    def _count_op(self) -> Op[int]:
+    def _count_op(self) -> StoreOp[int]:
         return _op(self._sql.count, {}, lambda rows: int(rows[0][0]))
+
+    def _conversations_op(self) -> StoreOp[list[str]]:
+        sql = f'SELECT conversation_id FROM {self.table} ORDER BY conversation_id COLLATE "C"'
+        return _op(sql, {}, lambda rows: [str(r[0]) for r in rows])
 
     def _cas_op(
         self,
@@ -161,21 +198,21 @@ class PostgresStateStore(OpStore):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> Op[bool]:
+    ) -> StoreOp[bool]:
         cid = storable_id(conversation_id)
         release = release and lease is not None
         sql = self._sql.cas(expected is not None, lease is not None, release)
         params = self._sql.cas_params(cid, expected, new, lease)
         return _op(sql, params, lambda rows: rows[0][0] == 1)
 
-    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> StoreOp[ConversationState]:
         params = self._sql.clear_params(storable_id(conversation_id))
         return _op(self._sql.clear, params, lambda rows: state_from_row(rows[0]))
 
-    def _delete_op(self, conversation_id: str) -> Op[None]:
+    def _delete_op(self, conversation_id: str) -> StoreOp[None]:
         return _op(self._sql.delete, {"id": storable_id(conversation_id)}, lambda rows: None)
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> StoreOp[Lease | None]:
         cid = storable_id(conversation_id)
 
         def finish(rows: Rows) -> Lease | None:
@@ -188,7 +225,7 @@ class PostgresStateStore(OpStore):
         params = {"id": cid, "holder": holder, "ttl": check_ttl(ttl)}
         return _op(self._sql.acquire, params, finish)
 
-    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+    def _renew_op(self, lease: Lease, ttl: float) -> StoreOp[bool]:
         params = {
             "id": storable_id(lease.conversation_id),
             "holder": lease.holder,
@@ -197,12 +234,12 @@ class PostgresStateStore(OpStore):
         }
         return _op(self._sql.renew, params, lambda rows: bool(rows))
 
-    def _release_op(self, lease: Lease) -> Op[None]:
+    def _release_op(self, lease: Lease) -> StoreOp[None]:
         cid = storable_id(lease.conversation_id)
         params = {"id": cid, "holder": lease.holder, "token": lease.token}
         return _op(self._sql.release, params, lambda rows: None)
 
-    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+    def _release_holder_op(self, conversation_id: str, holder: str) -> StoreOp[None]:
         sql = (
             f"DELETE FROM {self._sql.lease_table} WHERE conversation_id = %(id)s "
             "AND holder = %(holder)s"

@@ -28,26 +28,36 @@ over), retry (bounded, with jittered exponential backoff under 100 ms) on connec
 errors, and health checks. A timeout is not retried: a black-holed server fails the call
 after ``socket_timeout``. Every redis error becomes a
 :class:`StoreError` at this boundary.
+
+A server that cannot be reached when the store is made (refused, timed out) is not an
+error: the clients connect on their first command anyway. The store is built, a warning
+says so on the ``demote`` logger, and calls fail with :class:`StoreError` until the
+server answers, so the engine serves those loads degraded and its breaker probes the
+server back, exactly as for a server that goes down later. A server that answers with a
+refusal (a wrong password, an unknown database) raises at construction.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from demote._validate import count, seconds
+from demote.backends.breaker import is_outage
 from demote.backends.loops import PerLoop
 from demote.backends.worker import Worker
 from demote.errors import ArgumentTypeError, ConfigError, MissingExtraError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import check_ttl, decode_state, encode_state, storable_id
-from demote.state._ops import Op, OpStore
+from demote.state._ops import OpStore, StoreOp
 from demote.state.base import Lease, check_holder, tombstone
 
 __all__ = ["RedisStateStore"]
 
 T = TypeVar("T")
+logger = logging.getLogger("demote")
 
 # KEYS: lease, state, fence. ARGV: holder, ttl in ms.
 # The state is read first: a script's writes stay even if a later command fails, and a
@@ -158,11 +168,13 @@ _TOMB_HEAD += '"generation":'
 
 
 _SCHEMES = ("redis://", "rediss://", "unix://")
+#: The commands that only read (a read-only store runs no other).
+_READS = frozenset({"get", "scard", "smembers"})
 
 
-def _op(name: str, keys: tuple[str, ...], args: tuple[str | int, ...], finish: Any) -> Op[Any]:
+def _op(name: str, keys: tuple[str, ...], args: tuple[str | int, ...], finish: Any) -> StoreOp[Any]:
     """A command (``get``, ``scard``) or script (a key of ``_SCRIPTS``) and its reading."""
-    return Op((name, keys, args), finish)
+    return StoreOp((name, keys, args), finish)
 
 
 def _lease_value(lease: Lease) -> str:
@@ -224,6 +236,13 @@ class RedisStateStore(OpStore):
             within the call. Timeouts are not retried.
         health_check_interval: A connection idle this many seconds is pinged before use.
         max_connections: Size of each client's connection pool.
+        read_only: Open for reading only (what ``demote inspect`` does): every write
+            raises :class:`StoreError`, and a server out of reach raises at once.
+
+    Raises:
+        StoreError: The server refused the connection for good (a wrong password, an
+            unknown database); read-only: it cannot be reached. (A writable store made
+            while its server is out of reach is built: see the module docstring.)
     """
 
     def __init__(
@@ -238,6 +257,7 @@ class RedisStateStore(OpStore):
         retries: int = 2,
         health_check_interval: float = 15.0,
         max_connections: int = 50,
+        read_only: bool = False,
     ) -> None:
         try:
             import redis
@@ -259,6 +279,9 @@ class RedisStateStore(OpStore):
             max_connections=max_connections,
         )
         self.prefix = prefix
+        if not isinstance(read_only, bool):
+            raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
+        self.read_only = read_only
         self._ids = f"{prefix}ids"
         self._fence = f"{prefix}fence"
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
@@ -281,15 +304,14 @@ class RedisStateStore(OpStore):
             backoff = redis.backoff.ExponentialWithJitterBackoff(base=0.025, cap=0.1)
             return module.Retry(backoff, retries, (redis.ConnectionError,))
 
-        with self._translated("cannot reach redis"):
-            if client is None:
-                try:
-                    client = redis.Redis.from_url(url, retry=retry(redis.retry), **options)
-                except ValueError as exc:  # never echoed: a URL may carry a password
-                    raise ConfigError(f"url: not a usable redis URL: {exc}") from None
-            self._redis = client
-            self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
-            client.ping()
+        if client is None:
+            try:
+                client = redis.Redis.from_url(url, retry=retry(redis.retry), **options)
+            except ValueError as exc:  # never echoed: a URL may carry a password
+                raise ConfigError(f"url: not a usable redis URL: {exc}") from None
+        self._redis = client
+        self._scripts = {name: client.register_script(src) for name, src in _SCRIPTS.items()}
+        self._first_ping(redis)
         self._worker: Worker | None = None
         self._async: PerLoop[tuple[Any, dict[str, Any]]] | None = None
         if async_client is not None or self._owns_client:
@@ -308,6 +330,28 @@ class RedisStateStore(OpStore):
         else:
             self._worker = Worker("demote-redis-state", threads=4)
 
+    def _first_ping(self, redis: Any) -> None:
+        """Check the server at construction; one out of reach is waited for, with a warning.
+
+        The client connects on its first command anyway, so a server that is down (refused,
+        timed out) now is no reason to fail: calls fail until it answers, and the engine
+        serves those loads degraded. A server that answers with a refusal (a wrong
+        password, an unknown database index) raises :class:`StoreError` here.
+        """
+        try:
+            with self._translated("cannot reach redis"):
+                self._redis.ping()
+        except StoreError as exc:
+            refused = (redis.AuthenticationError, redis.ResponseError)
+            if self.read_only or isinstance(exc.__cause__, refused) or not is_outage(exc):
+                raise
+            logger.warning(
+                "redis state store %r: %s; built without it: calls fail (loads are "
+                "degraded) until it answers",
+                self.prefix,
+                exc,
+            )
+
     @contextmanager
     def _translated(self, what: str = "redis") -> Iterator[None]:
         try:
@@ -320,12 +364,15 @@ class RedisStateStore(OpStore):
 
     # The operations, described once; _run and _arun perform them.
 
-    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> StoreOp[ConversationState | None]:
         key = self._key("state", storable_id(conversation_id))
         return _op("get", (key,), (), _optional_state)
 
-    def _count_op(self) -> Op[int]:
+    def _count_op(self) -> StoreOp[int]:
         return _op("scard", (self._ids,), (), int)
+
+    def _conversations_op(self) -> StoreOp[list[str]]:
+        return _op("smembers", (self._ids,), (), lambda ids: sorted(i.decode() for i in ids))
 
     def _cas_op(
         self,
@@ -334,7 +381,7 @@ class RedisStateStore(OpStore):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> Op[bool]:
+    ) -> StoreOp[bool]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
         args = (
@@ -346,17 +393,17 @@ class RedisStateStore(OpStore):
         )
         return _op("cas", keys, args, lambda reply: reply == 1)
 
-    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> StoreOp[ConversationState]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
         return _op("clear", keys, (_TOMB_HEAD, _TOMB_TAIL, cid), decode_state)
 
-    def _delete_op(self, conversation_id: str) -> Op[None]:
+    def _delete_op(self, conversation_id: str) -> StoreOp[None]:
         cid = storable_id(conversation_id)
         keys = (self._key("state", cid), self._ids, self._key("lease", cid))
         return _op("delete", keys, (cid,), lambda reply: None)
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> StoreOp[Lease | None]:
         cid = storable_id(conversation_id)
         keys = (self._key("lease", cid), self._key("state", cid), self._fence)
 
@@ -368,15 +415,15 @@ class RedisStateStore(OpStore):
 
         return _op("acquire", keys, (holder, _ms(ttl)), finish)
 
-    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+    def _renew_op(self, lease: Lease, ttl: float) -> StoreOp[bool]:
         key = self._key("lease", storable_id(lease.conversation_id))
         return _op("renew", (key,), (_lease_value(lease), _ms(ttl)), lambda r: r == 1)
 
-    def _release_op(self, lease: Lease) -> Op[None]:
+    def _release_op(self, lease: Lease) -> StoreOp[None]:
         key = self._key("lease", storable_id(lease.conversation_id))
         return _op("release", (key,), (_lease_value(lease),), lambda reply: None)
 
-    def _release_holder_op(self, conversation_id: str, holder: str) -> Op[None]:
+    def _release_holder_op(self, conversation_id: str, holder: str) -> StoreOp[None]:
         key = self._key("lease", storable_id(conversation_id))
         return _op("release_holder", (key,), (check_holder(holder),), lambda reply: None)
 
@@ -392,8 +439,13 @@ class RedisStateStore(OpStore):
         """Async :meth:`release_holder`."""
         await self._arun(self._release_holder_op(conversation_id, holder))
 
-    def _run(self, op: Op[T]) -> T:
+    def _writable(self, name: str) -> None:
+        if self.read_only and name not in _READS:
+            raise StoreError(f"redis state store {self.prefix!r} was opened read-only")
+
+    def _run(self, op: StoreOp[T]) -> T:
         name, keys, args = op.request
+        self._writable(name)
         with self._translated():
             script = self._scripts.get(name)
             if script is not None:
@@ -402,11 +454,12 @@ class RedisStateStore(OpStore):
                 reply = getattr(self._redis, name)(*keys, *args)
         return op.finish(reply)
 
-    async def _arun(self, op: Op[T]) -> T:
+    async def _arun(self, op: StoreOp[T]) -> T:
         if self._async is None:
             assert self._worker is not None
             return await self._worker.run(self._run, op)
         name, keys, args = op.request
+        self._writable(name)
         with self._translated():
             client, scripts = await self._async.get()
             script = scripts.get(name)

@@ -1,11 +1,13 @@
 """A durable state store in one SQLite file (WAL mode, safe across threads and processes).
 
-Schema (version 2, in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
+Schema (version 4, in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the file as
 demote's): one row per conversation in ``demote_state``, one per held lease in
 ``demote_lease`` (holder, fencing token, expiry in wall-clock seconds, so processes on one
 host agree), and the store-wide fencing counter in ``demote_fence``, which clear and
 delete never touch. A file of version 1 (``demote_state`` alone) is migrated in place on
-open and keeps its states; a file of a newer version is refused.
+open and keeps its states; a file of a newer version is refused. A table dropped from a
+file (by hand, by a tool) is made again at the newest layout by the first operation that
+finds it missing, which is then run once more, as at first use; a warning says so.
 
 Every write (compare-and-set, lease, clear, delete) is one ``BEGIN IMMEDIATE``
 transaction, so the lease check, the comparison, the write and the release happen as one
@@ -30,6 +32,7 @@ off the loop all the same.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -37,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import astuple
+from functools import cache
 from typing import TypeVar
 
 from demote._validate import file_path, seconds
@@ -47,12 +51,13 @@ from demote.backends.worker import Worker
 from demote.errors import ArgumentTypeError, StoreError
 from demote.records import ConversationState
 from demote.state._codec import COLUMNS, check_ttl, state_from_row, storable_id
-from demote.state._ops import Op, OpStore
+from demote.state._ops import OpStore, StoreOp
 from demote.state.base import Lease, tombstone
 
 __all__ = ["SQLiteStateStore"]
 
 T = TypeVar("T")
+logger = logging.getLogger("demote")
 _WRITE = "BEGIN IMMEDIATE"
 
 _OWN_TABLES = ("demote_state", "demote_lease", "demote_fence")
@@ -98,6 +103,28 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+@cache
+def newest_tables() -> dict[str, str]:
+    """Each table's ``CREATE`` statement at :data:`SCHEMA_VERSION`.
+
+    The migrations replayed on a scratch in-memory database, so the newest layout is
+    never written twice.
+    """
+    scratch = sqlite3.connect(":memory:")
+    try:
+        for version in sorted(_MIGRATIONS):
+            scratch.executescript(_MIGRATIONS[version])
+        rows = scratch.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")
+        return {str(name): str(sql) for name, sql in rows}
+    finally:
+        scratch.close()
+
+
+def _missing_table(error: StoreError) -> bool:
+    cause = error.__cause__
+    return isinstance(cause, sqlite3.OperationalError) and "no such table" in str(cause)
+
+
 def _declared() -> Columns:
     """Each table's columns: those of version 1 at least, those of the newest at most."""
     newest = schema_columns(_MIGRATIONS[v] for v in sorted(_MIGRATIONS))
@@ -117,19 +144,18 @@ _HOLDS = (
     "AND expires > ?"
 )
 _DROP_LEASE = "DELETE FROM demote_lease WHERE conversation_id = ? AND holder = ? AND token = ?"
-_COUNT = "SELECT COUNT(*) FROM demote_state"
 
 
 def _op(
     begin: str | None,
     work: Callable[[sqlite3.Connection], T],
     after: Callable[[sqlite3.Connection], object] | None = None,
-) -> Op[T]:
+) -> StoreOp[T]:
     """``work`` on the connection, in a write transaction if ``begin``, else as is.
 
     ``after`` runs once that is committed (outside the transaction).
     """
-    return Op((begin, work, after), _same)
+    return StoreOp((begin, work, after), _same)
 
 
 def _same(result: T) -> T:
@@ -267,7 +293,18 @@ class SQLiteStateStore(OpStore):
     # The operations: what runs in which transaction. _run performs one under the lock;
     # _arun on the store's own thread.
 
-    def _run(self, op: Op[T]) -> T:
+    def _run(self, op: StoreOp[T]) -> T:
+        try:
+            return self._run_once(op)
+        except StoreError as exc:
+            if self.read_only or not _missing_table(exc):
+                raise
+            missing = exc
+        self._repair()
+        logger.warning("%s; made again (as at first use)", missing)
+        return self._run_once(op)
+
+    def _run_once(self, op: StoreOp[T]) -> T:
         begin, work, after = op.request
         with self._tx(begin) as db:
             result = op.finish(work(db))
@@ -276,10 +313,27 @@ class SQLiteStateStore(OpStore):
                 after(db)
         return result
 
-    async def _arun(self, op: Op[T]) -> T:
+    def _repair(self) -> None:
+        """Make the tables that went missing again, at the newest layout (one transaction).
+
+        A fencing counter made again starts at the clock in milliseconds: its tokens
+        must only grow, and the archive and outbox remember erases' tokens.
+        """
+        with self._tx() as db:
+            have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            for table, create in newest_tables().items():
+                if table not in have:
+                    db.execute(create)
+                    if table == "demote_fence":
+                        db.execute(
+                            "INSERT INTO demote_fence (id, last) VALUES (0, ?)",
+                            (int(time.time() * 1000),),
+                        )
+
+    async def _arun(self, op: StoreOp[T]) -> T:
         return await self._worker.run(self._run, op)
 
-    def _get_op(self, conversation_id: str) -> Op[ConversationState | None]:
+    def _get_op(self, conversation_id: str) -> StoreOp[ConversationState | None]:
         cid = storable_id(conversation_id)
         return _op(None, lambda db: self._read(db, cid))
 
@@ -290,7 +344,7 @@ class SQLiteStateStore(OpStore):
         new: ConversationState,
         lease: Lease | None,
         release: bool,
-    ) -> Op[bool]:
+    ) -> StoreOp[bool]:
         cid = storable_id(conversation_id)
 
         def cas(db: sqlite3.Connection) -> bool:
@@ -307,7 +361,7 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, cas)
 
-    def _clear_op(self, conversation_id: str) -> Op[ConversationState]:
+    def _clear_op(self, conversation_id: str) -> StoreOp[ConversationState]:
         cid = storable_id(conversation_id)
 
         def clear(db: sqlite3.Connection) -> ConversationState:
@@ -324,7 +378,7 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, clear)
 
-    def _delete_op(self, conversation_id: str) -> Op[None]:
+    def _delete_op(self, conversation_id: str) -> StoreOp[None]:
         cid = storable_id(conversation_id)
 
         def delete(db: sqlite3.Connection) -> None:
@@ -333,12 +387,12 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, delete, truncate_wal)  # the deleted bytes leave the WAL too
 
-    def _count_op(self) -> Op[int]:
+    def _count_op(self) -> StoreOp[int]:
         return _op(
             None, lambda db: int(db.execute("SELECT COUNT(*) FROM demote_state").fetchone()[0])
         )
 
-    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> Op[Lease | None]:
+    def _acquire_op(self, conversation_id: str, holder: str, ttl: float) -> StoreOp[Lease | None]:
         cid, seconds = storable_id(conversation_id), check_ttl(ttl)
 
         def acquire(db: sqlite3.Connection) -> Lease | None:
@@ -360,7 +414,7 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, acquire)
 
-    def _renew_op(self, lease: Lease, ttl: float) -> Op[bool]:
+    def _renew_op(self, lease: Lease, ttl: float) -> StoreOp[bool]:
         cid, seconds = storable_id(lease.conversation_id), check_ttl(ttl)
 
         def renew(db: sqlite3.Connection) -> bool:
@@ -374,7 +428,7 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, renew)
 
-    def _release_op(self, lease: Lease) -> Op[None]:
+    def _release_op(self, lease: Lease) -> StoreOp[None]:
         cid = storable_id(lease.conversation_id)
 
         def release(db: sqlite3.Connection) -> None:
@@ -382,11 +436,23 @@ class SQLiteStateStore(OpStore):
 
         return _op(_WRITE, release)
 
-    def conversations(self) -> list[str]:
-        """Ids of the conversations with state, sorted."""
-        with self._tx(None) as db:
+    def _conversations_op(self) -> StoreOp[list[str]]:
+        def ids(db: sqlite3.Connection) -> list[str]:
             rows = db.execute("SELECT conversation_id FROM demote_state ORDER BY 1").fetchall()
             return [r[0] for r in rows]
+
+        return _op(None, ids)
+
+    def ensure_schema(self) -> None:
+        """Create or upgrade the tables now, and make again any that is missing.
+
+        Idempotent; what ``demote migrate`` runs ahead of a deployment (opening the
+        store already migrates it; this also makes dropped tables again).
+
+        Raises:
+            StoreError: The store was opened read-only, or the file cannot be written.
+        """
+        self._repair()
 
     def close(self) -> None:
         """Close the connection and stop the worker thread (idempotent)."""

@@ -76,7 +76,7 @@ class GroupIndex:
             mutated; a new mapping is made when it changes).
         costs: How each record was counted (an index is reused only under the same).
         users: Indexes of the user messages in the region, oldest first.
-        user_costs: The cost of each of ``users``.
+        user_costs: What each of ``users`` costs as an opener (``ResultCosts.opener``).
         cuts: Every group start and step start, oldest first (``cuts[0] == start``).
         cuts_at: Cumulative cost at each cut.
         tools_at: Cumulative cost of the tool results at each cut.
@@ -299,7 +299,7 @@ class GroupIndex:
                     opener, opener_tokens, openerless = None, 0, False
             if role == "user":
                 u_new.append(i)
-                u_cost.append(cost)
+                u_cost.append(costs.opener(rec))  # what it counts as an opener
             if role == "user" or first:
                 g_new.append(i)
                 g_at.append(tokens)

@@ -22,6 +22,13 @@ counts as the approximate counter counts it (text, answered id, role, tool name,
 framing), so the window's count agrees with langchain-core's. All depend on the record
 alone, so what a window shows is stable from one load to the next. An assistant message
 counted over ``clip_over`` whose calls can be clipped counts ``clipped_tokens``.
+
+A turn's opener counted over ``clip_over`` (a task or a log pasted whole), shown in front
+of a window that starts inside its turn, is sent as its head and tail, half of ``clip_over``
+in all (:func:`user_keep`), around a marker that names its archived key
+(:func:`user_clipped_text`): the request keeps saying what the task is, within the limit.
+While the window starts at or before it (the live question, a chat's turn) it is sent
+whole (:meth:`ResultCosts.opener`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ __all__ = [
     "clip_calls",
     "clipped_text",
     "placeholder_text",
+    "user_clipped_text",
+    "user_keep",
 ]
 
 #: The most a placeholder's text counts under the approximate counter (a 40-character
@@ -102,6 +111,37 @@ def clipped_text(text: str, head_chars: int, key: str, tool: str | None, tokens:
         f"{head}\n[{_tool(tool)} result clipped: {tokens} tokens in full, archived as key "
         f"{key}; fetch it with the recall tool for the rest]"
     )
+
+
+def user_clipped_text(text: str, head_chars: int, tail_chars: int, key: str, tokens: int) -> str:
+    """An oversized user message as a window sends it: its head, a marker, its tail.
+
+    A long request (a task pasted whole, a log) says what to do at its start and often
+    again at its end, so both are kept; the marker names the archived key of the whole.
+
+    Args:
+        text: The message's full text.
+        head_chars: How many leading characters to keep.
+        tail_chars: How many trailing characters to keep.
+        key: The archived message's dedup key.
+        tokens: How many tokens the whole message counted.
+    """
+    head = text[: max(0, head_chars)]
+    tail = text[len(text) - tail_chars :] if 0 < tail_chars < len(text) - len(head) else ""
+    return (
+        f"{head}\n[message clipped: {tokens} tokens in full, the middle left out here; "
+        f"archived as key {key}: fetch it with the recall tool for the rest]\n{tail}"
+    )
+
+
+def user_keep(clip_over: int) -> tuple[int, int]:
+    """The tokens of head and tail an oversized user message keeps (clipped over ``clip_over``).
+
+    Half of ``clip_over`` in all, two thirds of it from the head.
+    """
+    keep = clip_over // 2
+    head = keep * 2 // 3
+    return head, keep - head
 
 
 def call_marker(key: str, tokens: int) -> str:
@@ -195,6 +235,21 @@ class ResultCosts:
         """Is ``rec`` sent clipped (a result's head and a placeholder, or cut calls)?"""
         return self.cost(rec) != rec.tokens
 
+    def opener(self, rec: MessageRecord) -> int:
+        """What user message ``rec`` counts shown in front of a window that starts in its turn.
+
+        Over ``clip_over`` it is sent as its head and tail around a marker
+        (:func:`user_clipped_text`); a user message inside the window, the live question
+        among them, counts (and is sent) whole.
+        """
+        if self.clip_over is None or rec.role != "user" or rec.tokens <= self.clip_over:
+            return self.cost(rec)
+        return min(rec.tokens, self._user_clip_cost(rec))
+
+    def opener_clipped(self, rec: MessageRecord) -> bool:
+        """Is opener ``rec`` sent clipped in front of the window (:meth:`opener`)?"""
+        return self.opener(rec) != rec.tokens
+
     def placeholder(self, rec: MessageRecord) -> int:
         """What tool result ``rec`` counts sent as its placeholder (cleared).
 
@@ -208,6 +263,12 @@ class ResultCosts:
         """At most what tool result ``rec`` counts sent clipped: a head and a placeholder."""
         tail = clipped_text("", 0, KEY_STAND_IN, rec.tool, rec.tokens)
         return self.head_tokens + -(-(len(tail) + _framing(rec)) // 4) + MESSAGE_OVERHEAD
+
+    def _user_clip_cost(self, rec: MessageRecord) -> int:
+        """At most what user message ``rec`` counts sent clipped: head, marker and tail."""
+        head, tail = user_keep(self.clip_over or 0)
+        marker = user_clipped_text("", 0, 0, KEY_STAND_IN, rec.tokens)
+        return head + tail + -(-(len(marker) + len(rec.role)) // 4) + MESSAGE_OVERHEAD
 
     def saving(self, rec: MessageRecord, cost: int) -> int:
         """Tokens clearing ``rec`` (counted ``cost``) would save; ``0``: not clearable."""

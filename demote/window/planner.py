@@ -20,7 +20,9 @@ at the end of the history by an interrupt stays with its step. A window starts a
 start, or, when the newest (running) group alone is over the limit, at a step start inside
 it: then the newest user message before it, the *opener* (the turn's opening message, or
 an interjection the user made while a call ran), is shown in front of the kept steps
-(``Plan.opener``; it is before ``window_start``, so it is delivered too). It depends on the
+(``Plan.opener``; it is before ``window_start``, so it is delivered too), counted as it is
+sent: over ``max_result_tokens``, its head and tail around a marker
+(:meth:`~demote.window.clearing.ResultCosts.opener`). It depends on the
 records before the window start alone, not on what was demoted when, so a cached index
 and a fresh plan name the same one. Every window is therefore pinned system messages, the
 summary, maybe the opener, then whole steps: no result without its call, no call without
@@ -62,7 +64,7 @@ to the next, so every cut is a bisection over the index's cumulative sums:
   units (in a lone running turn, its oldest steps after the opener) as pending compaction
   (``Plan.compact``; the engine summarizes them); over ``limit + 2k``, fall back to bulk.
 
-What cannot be cut (pinned, the opener, the newest step after clipping) may alone exceed
+What cannot be cut (pinned, the opener and the newest step, both after clipping) may alone exceed
 the limit: ``Plan.overhang`` says by how much, so the caller can act. Anything else is
 within the limit (+ overflow, + 2k).
 
@@ -287,7 +289,7 @@ def plan(
             # The window starts inside a turn: its opener lies before the region.
             opener = _opener(records, base, start)
             if opener is not None:
-                opener_tokens = costs.cost(records[opener - base])
+                opener_tokens = costs.opener(records[opener - base])
             elif base > 0:
                 needs = 0
             else:

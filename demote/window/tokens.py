@@ -42,6 +42,7 @@ __all__ = [
     "counter_name",
     "register_counter",
     "resolve_counter",
+    "schema_tokens",
 ]
 
 #: Tokens added per message for its framing (langchain-core uses 3); the role's name is
@@ -98,6 +99,35 @@ class MessageCounter:
 
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def schema_tokens(
+    name: str, description: str, parameters: Mapping[str, Any], counter: Counter
+) -> int:
+    """Tokens of one tool definition sent with a request, under ``counter``.
+
+    Under the default counter (four characters a token) it is counted as langchain-core's
+    ``count_tokens_approximately`` counts a tool object: the JSON (with spaces) of its
+    name, description and parameters (the parameters' own title and description left
+    out, as they repeat the tool's), rounded up once. So both adapters count the same
+    tool the same way, and as LangChain does. Under any other counter, the compact JSON
+    of the OpenAI-style definition is counted by it.
+
+    Args:
+        name: The tool's name.
+        description: Its description.
+        parameters: Its parameters' JSON schema.
+        counter: The policy's text counter.
+    """
+    if counter is approximate_tokens:
+        params = {k: v for k, v in parameters.items() if k not in ("title", "description")}
+        body = {"name": name, "description": description, "parameters": params}
+        return math.ceil(len(json.dumps(body, default=str)) / 4)
+    schema = {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+    return counter(json.dumps(schema, default=str, separators=(",", ":")))
 
 
 def _tiktoken_counter() -> Counter:

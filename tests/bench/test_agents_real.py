@@ -28,8 +28,16 @@ from langchain_core.messages import (  # noqa: E402
 
 from bench import agent_metrics as metrics  # noqa: E402
 from bench.agent_run import replay  # noqa: E402
-from bench.agents_real import BASELINE, bench  # noqa: E402
-from bench.real_traces import chain, load, parse, traces_dir  # noqa: E402
+from bench.agents_real import BASELINE, bench, runs, split  # noqa: E402
+from bench.real_traces import (  # noqa: E402
+    HELD_OUT,
+    chain,
+    held_out,
+    load,
+    parse,
+    sessions_dir,
+    traces_dir,
+)
 from demote.cli.cachecost import ANTHROPIC, OPENAI_AUTO  # noqa: E402
 
 
@@ -77,6 +85,37 @@ def test_grounded_counts_pieces_first_seen_in_a_tool_result() -> None:
     kept_id = [RUN[0], RUN[1], call("x", note="R-12345"), placeholder]
     g = metrics.grounded(RUN, answers, [RUN[:2], kept_id, RUN[:6]])
     assert (g.found, g.pieces) == (1, 2)
+
+
+def test_grounded_in_context_needs_a_word_that_stood_beside_the_piece() -> None:
+    """Issue 36's definition: sent within 60 characters of a word (4+ letters, not part
+    of the identifier) that stood within 60 characters of it in its tool result."""
+    result = ToolMessage('{"reservation": "ZFA04Y", "flight": "8JD3KQ"}', tool_call_id="a")
+    run: list[BaseMessage] = [
+        HumanMessage("book it"),
+        call("a", q="find"),
+        result,
+        call("b", code="ZFA04Y"),
+    ]
+    answers = [run[1], run[3]]
+
+    def sent(text: str) -> list[list[BaseMessage]]:
+        return [run[:1], [run[0], HumanMessage(text)]]
+
+    # A bare list: grounded, not in context.
+    bare = metrics.grounded(run, answers, sent("ids: ZFA04Y 8JD3KQ /srv/app/x.py"))
+    assert (bare.found, bare.in_context, bare.pieces) == (1, 0, 1)
+    # Beside its word (any case): both.
+    keyed = metrics.grounded(run, answers, sent("Reservation ZFA04Y"))
+    assert (keyed.found, keyed.in_context, keyed.context_share) == (1, 1, 1.0)
+    # A word farther than 60 characters does not count.
+    far = metrics.grounded(run, answers, sent("reservation" + " " * 61 + "ZFA04Y"))
+    assert (far.found, far.in_context) == (1, 0)
+    # The identifier's own letters are not its context.
+    assert metrics.context_words("xx flight_reservation_1 yy", "flight_reservation_1") == set()
+    assert metrics.context_words("the reservation: ZFA04Y, ok", "ZFA04Y") == {"reservation"}
+    # The whole run (no memory) is in context by construction.
+    assert metrics.grounded(run, answers, [run[:1], run[:3]]).in_context == 1
 
 
 def test_billed_of_a_known_prefix_sequence() -> None:
@@ -177,3 +216,27 @@ def test_chained_runs_are_long_and_replayable() -> None:
         ids = [c["id"] for a in t.replies for c in a.tool_calls]
         assert len(ids) == len(set(ids)), t.name
     assert sum(s["model_calls"] for s in sizes) >= sum(len(t.replies) for t in traces)
+
+
+needs_sessions = pytest.mark.skipif(
+    not sessions_dir().is_dir(), reason=f"no long sessions in {sessions_dir()}"
+)
+
+
+@needs_sessions
+def test_long_sessions_replay_and_split_by_owner_for_the_held_out_figures() -> None:
+    sessions, skipped = load(sessions_dir())
+    assert len(sessions) == 32 and not skipped
+    held = [t for t in sessions if held_out(t)]
+    # Whole owners are held out, so no repository is on both sides.
+    assert len(held) == 7 and {t.owner for t in held} == HELD_OUT
+    assert not {t.owner for t in sessions if not held_out(t)} & HELD_OUT
+    two = [min(held, key=lambda t: len(t.replies)), min(sessions, key=lambda t: len(t.replies))]
+    per = runs(two, [4_000], ["demote"], quiet=True)
+    parts = split(per)
+    rows = {r["setup"]: r for r in parts["all"]}
+    assert {r["runs"] for r in parts["tuned"]} == {1} == {r["runs"] for r in parts["held out"]}
+    base, demote = rows[BASELINE], rows["demote"]
+    assert base["grounded"] == 1.0 and base["grounded_context"] > 0.99
+    assert 0 < demote["grounded_context"] <= demote["grounded"] < 1
+    assert demote["billed_anthropic"] < 0.5 and demote["invalid"] == 0

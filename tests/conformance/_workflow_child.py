@@ -37,7 +37,7 @@ from demote import CallbackHook, Demoter, Demotion, FanOutHook, SlidingWindow, S
 from demote.archive.sqlite import SQLiteArchive
 from demote.registry import register
 from llamaindex_demote import DemotingMemory
-from llamaindex_demote.messages import text_of
+from llamaindex_demote.messages import RECALL_PREFIX, text_of
 
 warnings.simplefilter("error")
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"llama_index\..*")
@@ -47,8 +47,11 @@ KEY = "conv"
 
 
 def respond(messages: list[ChatMessage], **kwargs: Any) -> ChatMessage:
-    """A user turn asking for something dangerous gets a tool call; a tool result, an answer."""
-    last = messages[-1]
+    """A user turn asking for something dangerous gets a tool call; a tool result, an answer.
+
+    The newest message other than recall is what it answers (recall follows the question).
+    """
+    last = next(m for m in reversed(messages) if not text_of(m).startswith(RECALL_PREFIX))
     if last.role == MessageRole.TOOL:
         return ChatMessage(role="assistant", content=f"done: {text_of(last)}")
     if "dangerous" in text_of(last):

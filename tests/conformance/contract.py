@@ -272,9 +272,12 @@ class DemotingMemoryContract:
         _script(driver, hook, 6, "second")
         history = driver.all()
         report = driver.erase()
-        assert report.complete and report.state and report.inner == len(history) == 12
-        assert [t.tier for t in report.tiers] == ["RecordingHook"]
-        assert report.tiers[0].removed == 8
+        assert report.complete and report.found and len(history) == 12
+        assert report.inner is not None and report.inner.kind in ("history", "chat store")
+        assert (report.inner.status, report.inner.removed) == ("erased", 12)
+        assert [(t.tier, t.removed) for t in report.tiers] == [("RecordingHook", 8)]
+        assert report.state.kind == "state" and report.state.removed == 1
+        assert report.touched == (report.inner, *report.tiers, report.state)
         assert len(hook.erased_keys["era"]) == 12, "the history's keys reached the tier"
         assert hook.records("era") == [] and driver.all() == [] and driver.window() == []
         assert driver.demoter.state.get("era") is None
@@ -289,10 +292,23 @@ class DemotingMemoryContract:
         _script(driver, hook, 5, "kp")
         history = driver.all()
         report = driver.erase(inner=False)
-        assert report.complete and report.inner is None
+        assert report.complete and report.inner is not None
+        assert (report.inner.status, report.inner.removed) == ("kept", None)
         assert driver.all() == history and hook.records("kp") == []
         check_window(driver, hook)  # the next read demotes the history again, from 0
         assert [i for _, _, i, _ in hook.records("kp")] == list(range(6))
+
+    def test_erase_of_a_conversation_nothing_knew_says_so(
+        self, make_driver: MakeDriver, hook: RecordingHook, state: StateStore, flavour: Flavour
+    ) -> None:
+        policy = SlidingWindow.last_messages(4)
+        known = make_driver(policy, hook, state, "known", flavour=flavour)
+        _script(known, hook, 5, "known")
+        report = make_driver(policy, hook, state, "never-seen", flavour=flavour).erase()
+        assert report.found is False and report.complete
+        assert [(t.status, t.removed) for t in report.touched] == [("erased", 0)] * 3
+        assert report.state.kind == "state", "named, with nothing removed: not 'deleted'"
+        assert hook.records("known") and known.all(), "nothing else was touched"
 
     # -- window bounds --------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ import json
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from tests.conformance._snippets import (
     snippets,
     unexpected_stderr,
 )
+from tests.support.pg_schema import schema_of_its_own
 
 BLOCKS = [block for page in pages() for block in python_blocks(page)]
 
@@ -132,21 +132,6 @@ def _run_page(page: str, folder: Path, scratch: Path, extra_env: dict[str, str])
     return PageRun([c.splitlines() for c in chunks[:-1]], done.stderr, done.returncode)
 
 
-def _schema_of_its_own(url: str) -> tuple[str, Callable[[], None]]:
-    """A URL of ``url``'s database whose tables go to a new schema, and its drop."""
-    import psycopg
-
-    schema = f"docs_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-
-    def drop() -> None:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}", drop
-
-
 @pytest.fixture(scope="module")
 def page_runs(
     tmp_path_factory: pytest.TempPathFactory,
@@ -159,7 +144,7 @@ def page_runs(
         if page not in done:
             extra = dict(urls)
             if "DATABASE_URL" in extra:
-                extra["DATABASE_URL"], drop = _schema_of_its_own(extra["DATABASE_URL"])
+                extra["DATABASE_URL"], drop = schema_of_its_own(extra["DATABASE_URL"])
                 cleanups.append(drop)
             folder = tmp_path_factory.mktemp(re.sub(r"\W", "-", page))
             done[page] = _run_page(page, folder, tmp_path_factory.mktemp("run"), extra)

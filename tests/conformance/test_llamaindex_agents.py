@@ -24,7 +24,7 @@ from llama_index.core.memory.types import BaseMemory
 from llama_index.core.workflow import Context
 
 from demote import Demoter, SlidingWindow
-from llamaindex_demote import DemotingMemory
+from llamaindex_demote import RECALL_PREFIX, DemotingMemory
 from llamaindex_demote.messages import opened_calls, text_of
 from tests.conformance._child import run_child
 from tests.conformance._llamaindex import pairs
@@ -187,7 +187,7 @@ def test_pickled_memory_restores_in_a_new_process(tmp_path: Path) -> None:
         and restored["history"][: len(saved["history"])] == saved["history"]
     )
     assert restored["delivered"] == list(range(saved["window_start"], restored["window_start"]))
-    assert restored["recall"].startswith("Relevant") and "turn 0" in restored["recall"]
+    assert restored["recall"].startswith(RECALL_PREFIX) and "turn 0" in restored["recall"]
 
 
 @pytest.mark.slow

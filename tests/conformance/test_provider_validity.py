@@ -233,8 +233,9 @@ def _size(policy: SlidingWindow, demoter: Demoter, sent: Sequence[BaseMessage], 
     body = [
         m
         for m in sent[skip:]
-        if not (isinstance(m, SystemMessage) and m.text.startswith(SUMMARY_PREFIX))
-        and not (isinstance(m, HumanMessage) and m.text.startswith(PROGRESS_PREFIX))
+        if not (
+            isinstance(m, HumanMessage) and m.text.startswith((SUMMARY_PREFIX, PROGRESS_PREFIX))
+        )
     ]
     records = [to_core(m, demoter.describe) for m in body]
     if policy.unit == "tokens":

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from llama_index.core.llms import ChatMessage
 
 from demote import Demoter, SlidingWindow, SQLiteArchive
 from demote.errors import ConfigError
+from demote.request import RECALL_PREFIX
 from demote.window.tokens import approximate_tokens
 from langchain_demote import DemotingChatMessageHistory, archive_retriever
 from llamaindex_demote import DemotingMemory
@@ -72,10 +73,11 @@ async def test_the_llamaindex_memory_keeps_to_its_budget(tmp_path: Path) -> None
         return memory
 
     def recalled(messages: list[ChatMessage]) -> list[str]:
-        system = [m for m in messages if m.role == "system"]
-        return [line for m in system for line in (m.content or "").splitlines()[1:]]
+        found = [m for m in messages if (m.content or "").startswith(RECALL_PREFIX)]
+        return [line for m in found for line in (m.content or "").splitlines()[1:]]
 
-    free, capped = run("free", None), run("capped", 30)
+    # The budget is what the recall message costs as sent: its lead and framing too.
+    free, capped = run("free", None), run("capped", 60)
     got_free, got_capped = recalled(free.get()), recalled(await capped.aget())
     assert len(got_free) > len(got_capped) > 0
     assert recalled(capped.get()) == got_capped
@@ -92,7 +94,7 @@ def test_the_agents_middleware_passes_its_budget(tmp_path: Path) -> None:
 
     class Model(FakeMessagesListChatModel):
         def _generate(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[no-untyped-def]
-            seen.append([str(m.content) for m in messages if isinstance(m, SystemMessage)])
+            seen.append([str(m.content) for m in messages if m.text.startswith(RECALL_PREFIX)])
             return super()._generate(messages, stop, run_manager, **kwargs)
 
     history = [m for fact in FACTS for m in (HumanMessage(fact), AIMessage("noted"))]
@@ -111,5 +113,5 @@ def test_the_agents_middleware_passes_its_budget(tmp_path: Path) -> None:
         agent.invoke({"messages": [*history, HumanMessage("hiking trip alps tent?")]})
         return [line for block in seen[-1] for line in block.splitlines()[1:]]
 
-    free, capped = run("free", None), run("capped", 30)
+    free, capped = run("free", None), run("capped", 60)
     assert len(free) > len(capped) > 0

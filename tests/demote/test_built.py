@@ -7,6 +7,7 @@ alike, fresh mutable defaults), only without the per-field setattr and the check
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from dataclasses import dataclass, field
 
 import pytest
@@ -61,3 +62,22 @@ def test_classes_it_cannot_build_are_refused() -> None:
         unchecked(KeywordOnly)
     with pytest.raises(TypeError, match="not a slotted dataclass"):
         unchecked(int)
+
+
+def test_a_traceback_through_a_constructor_shows_its_source() -> None:
+    def broken() -> list[int]:
+        raise RuntimeError("factory failed")
+
+    @dataclass(frozen=True, slots=True)
+    class Made:
+        a: int
+        b: list[int] = field(default_factory=broken)
+
+    with pytest.raises(RuntimeError) as caught:
+        unchecked(Made)(1)
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "<demote unchecked " in shown and "if b is _FACTORY: b = _factory_b()" in shown
+    again = unchecked(Made)  # made again: the same lines, found again
+    with pytest.raises(RuntimeError) as second:
+        again(2)
+    assert "if b is _FACTORY" in "".join(traceback.format_exception(second.value))

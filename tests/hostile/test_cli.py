@@ -67,7 +67,9 @@ def no_b(out: str) -> bool:
 
 
 def rows(out: str) -> set[str]:
-    return {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+    """The conversations of inspect's table (after what each store reads, and its header)."""
+    table = out.split("\n\n", 1)[1]
+    return {line.split()[0] for line in table.splitlines()[1:] if line.strip()}
 
 
 BAD_COUNTS = ["0", "-1", "2.5", "nan", "", "abc", str(10**20), "9" * 5000, "1e3", "0x10"]

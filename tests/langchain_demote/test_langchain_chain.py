@@ -126,7 +126,9 @@ async def test_chain_window_bounded_and_demoted_once(
     tmp_path: Path, mode: str, kind: str, policy_id: str
 ) -> None:
     hook = RecordingHook()
-    demoter = Demoter(POLICIES[policy_id], hook, on_hook_error="raise")
+    # A history in a file keeps its demotion state in a file too (demote.restarts).
+    state = SQLiteStateStore(tmp_path / "state.db") if kind == "file" else None
+    demoter = Demoter(POLICIES[policy_id], hook, on_hook_error="raise", state=state)
     factory = inner_factory(kind, tmp_path)
     chain, model = build(factory, demoter)
     await run_turns(chain, mode, range(TURNS))
@@ -169,7 +171,8 @@ async def test_list_input_without_history_key_stores_each_message_once(
 ) -> None:
     """List input: the history is read twice per turn and the input sliced by the first."""
     hook = RecordingHook()
-    demoter = Demoter(SlidingWindow.last_messages(5), hook, on_hook_error="raise")
+    state = SQLiteStateStore(tmp_path / "state.db")  # beside the history's file
+    demoter = Demoter(SlidingWindow.last_messages(5), hook, on_hook_error="raise", state=state)
     model = RecordingChatModel()
     factory = inner_factory("file", tmp_path)
     chain = RunnableWithMessageHistory(model, with_demotion(factory, demoter))

@@ -10,7 +10,7 @@ from typing import Any
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatResult
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -95,8 +95,10 @@ def test_summary_reaches_the_model_in_place() -> None:
         assert isinstance(sent[0], SystemMessage) and sent[0].text == "be brief"
         summaries = [m for m in sent if SUMMARY_PREFIX in m.text]
         assert len(summaries) <= 1
-        if summaries:  # one system message right after the prompt's system message
-            assert sent.index(summaries[0]) == 1 and isinstance(summaries[0], SystemMessage)
+        if summaries:  # one user message right after the prompt's system message: the
+            # system block is never changed by demote
+            assert sent.index(summaries[0]) == 1 and isinstance(summaries[0], HumanMessage)
+        assert not any(isinstance(m, SystemMessage) for m in sent[1:])
         body = [m for m in sent[1:-1] if SUMMARY_PREFIX not in m.text]
         assert len(body) <= LIMIT + 2 * K  # the history part stays bounded
     last = with_summary[-1][1].text

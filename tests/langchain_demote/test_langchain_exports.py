@@ -13,7 +13,8 @@ def test_all_is_sorted_and_complete() -> None:
         for name, value in vars(langchain_demote).items()
         if not name.startswith("_") and not inspect.ismodule(value)
     }
-    lazy = {"DemotingMiddleware"}  # needs the full `langchain` package: loaded on first use
+    # Loaded on first use: the full `langchain` package, and `langgraph` for the store pair.
+    lazy = {"DemotingMiddleware", "StoreHook", "StoreRecall"}
     assert langchain_demote.__all__ == sorted(langchain_demote.__all__)
     assert set(langchain_demote.__all__) == public | lazy
     for name in lazy:

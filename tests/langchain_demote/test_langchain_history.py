@@ -22,6 +22,7 @@ from demote import (
     ConversationState,
     Demoter,
     SlidingWindow,
+    SQLiteStateStore,
 )
 from langchain_demote import DemotingChatMessageHistory, with_demotion
 from tests.conformance.contract import RecordingHook
@@ -83,7 +84,11 @@ class CaptureSink:
 
 @pytest.mark.parametrize("kind", ["memory", "file"])
 def test_window_is_memoised_until_messages_are_added(tmp_path: Path, kind: str) -> None:
-    demoter = CountingDemoter(SlidingWindow.last_messages(4), RecordingHook())
+    demoter = CountingDemoter(
+        SlidingWindow.last_messages(4),
+        RecordingHook(),
+        state=SQLiteStateStore(tmp_path / "state.db"),  # a file beside the file history
+    )
     inner: BaseChatMessageHistory = (
         InMemoryChatMessageHistory() if kind == "memory" else FileChatMessageHistory(tmp_path / "h")
     )
@@ -101,7 +106,11 @@ def test_window_is_memoised_until_messages_are_added(tmp_path: Path, kind: str) 
 def test_the_memo_sees_a_changed_history_of_the_same_length(tmp_path: Path, kind: str) -> None:
     """The memo is keyed on the length and the last message (its identity, else its
     fingerprint): a replaced last message, a rewritten history or a clear is seen."""
-    demoter = CountingDemoter(SlidingWindow.last_messages(4), RecordingHook())
+    demoter = CountingDemoter(
+        SlidingWindow.last_messages(4),
+        RecordingHook(),
+        state=SQLiteStateStore(tmp_path / "state.db"),  # a file beside the file history
+    )
     inner: BaseChatMessageHistory = (
         InMemoryChatMessageHistory() if kind == "memory" else FileChatMessageHistory(tmp_path / "h")
     )
@@ -128,6 +137,9 @@ def test_the_memo_sees_a_changed_history_of_the_same_length(tmp_path: Path, kind
     assert to_pairs(history.messages) == to_pairs([*turn(21), *turn(22)])
 
 
+@pytest.mark.filterwarnings(  # an in-memory test double, not one of LangChain's classes
+    "ignore:.*keeps conversations across restarts:demote.errors.DemoteWarning"
+)
 def test_a_store_that_builds_new_objects_keeps_the_memo() -> None:
     """A store whose every read makes new messages (a file, SQL) still hits the memo: the
     last message is compared by fingerprint when it is not the same object."""
@@ -155,6 +167,9 @@ def test_a_store_that_builds_new_objects_keeps_the_memo() -> None:
     assert history.messages == first and demoter.loads == 1
 
 
+@pytest.mark.filterwarnings(  # an in-memory test double, not one of LangChain's classes
+    "ignore:.*keeps conversations across restarts:demote.errors.DemoteWarning"
+)
 async def test_async_path_awaits_inner_and_engine() -> None:
     demoter = CountingDemoter(SlidingWindow.last_messages(2), RecordingHook())
     history = DemotingChatMessageHistory(AsyncOnlyHistory(), demoter, "async")

@@ -333,11 +333,11 @@ def test_a_middlewares_own_naming_is_the_tools(tmp_path: Path) -> None:
 # -- the tool itself ------------------------------------------------------------------------
 
 
-def test_the_model_sees_only_query_key_k_and_budget(archive: SQLiteArchive) -> None:
+def test_the_model_sees_only_query_key_k_budget_and_start(archive: SQLiteArchive) -> None:
     tool_ = recall_tool(archive, name="archive_lookup")
     assert isinstance(tool_, BaseTool) and tool_.name == "archive_lookup"
     schema = tool_.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
-    assert set(schema["properties"]) == {"query", "key", "k", "budget_tokens"}
+    assert set(schema["properties"]) == {"query", "key", "k", "budget_tokens", "start"}
     assert "key" in tool_.description and "query" in tool_.description
     # What the providers' own converters send (offline): the injected runtime is not there.
     from langchain_anthropic.chat_models import convert_to_anthropic_tool

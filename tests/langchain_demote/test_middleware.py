@@ -33,7 +33,8 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from demote import Backoff, Bulk, Demoter, FanOutHook, SlidingWindow, SQLiteStateStore
 from demote.archive.sqlite import SQLiteArchive
-from demote.errors import ConfigError, ConversationIdError
+from demote.engine import PROGRESS_PREFIX, SUMMARY_PREFIX
+from demote.errors import ConfigError, ConversationIdError, DemoteWarning
 from demote.records import Demotion, Recalled, make_key
 from demote.state.memory import InMemoryStateStore
 from langchain_demote.messages import message_text, to_core
@@ -228,7 +229,11 @@ def check_sent(sent: list[BaseMessage], limit: int, *, pinned: bool = True) -> s
     assert isinstance(sent[0], SystemMessage) and sent[0].text == "agent prompt"
     if pinned:
         assert isinstance(sent[1], SystemMessage) and sent[1].text == PINNED
-    newest = max(i for i, m in enumerate(sent) if isinstance(m, HumanMessage))
+    newest = max(
+        i
+        for i, m in enumerate(sent)
+        if isinstance(m, HumanMessage) and not m.text.startswith(RECALL_PREFIX)
+    )
     thread = sent[newest].text.split()[0]
     others = [t for t in THREADS if t != thread]
     for m in sent:
@@ -236,7 +241,10 @@ def check_sent(sent: list[BaseMessage], limit: int, *, pinned: bool = True) -> s
             assert f"{other} turn" not in m.text, (thread, m.text)
     # bounded: within the limit, or nothing but the newest turn group
     body = [
-        m for m in sent if not isinstance(m, SystemMessage) and not m.text.startswith(RECALL_PREFIX)
+        m
+        for m in sent
+        if not isinstance(m, SystemMessage)
+        and not m.text.startswith((RECALL_PREFIX, SUMMARY_PREFIX, PROGRESS_PREFIX))
     ]
     first_human = next(i for i, m in enumerate(body) if isinstance(m, HumanMessage))
     assert first_human == 0, "the window starts on a turn group"
@@ -292,7 +300,7 @@ class Run:
     checked: int = 0
     recall: Any = None
     hook: Any = None
-    recall_role: Any = "system"
+    recall_role: Any = "user"
     bounded: bool = True  # False while the hook is down: the window keeps what it holds
 
     def start(self, state: Any = None) -> None:
@@ -472,7 +480,8 @@ def test_prune_restart_with_lost_demotion_state_reseeds(tmp_path: Path) -> None:
     flavour = SyncFlavour()
     run = Run(flavour, tmp_path, "sqlite", SlidingWindow.last_messages(10), prune=True)
     run.start(state=InMemoryStateStore())
-    run.turns(range(8))
+    with pytest.warns(DemoteWarning, match="SqliteSaver keeps conversations across restarts"):
+        run.turns(range(8))  # (what this pairing risks, and is warned about: demote.restarts)
     flavour.close_savers()
     run.start(state=InMemoryStateStore())  # the demotion state is gone, the checkpoint is not
     run.turns(range(8, 16))
@@ -490,12 +499,12 @@ def test_prune_restart_with_lost_demotion_state_reseeds(tmp_path: Path) -> None:
 # -- recall, options, errors ---------------------------------------------------------------
 
 
-def test_recall_can_be_sent_as_a_human_message(tmp_path: Path) -> None:
-    # For providers that accept system messages only at the start of the prompt.
+def test_recall_can_be_sent_as_a_system_message(tmp_path: Path) -> None:
+    # For providers that take system messages anywhere (OpenAI); Anthropic's refuse it.
     archive = SQLiteArchive(tmp_path / "archive.db")
     run = Run(SyncFlavour(), tmp_path, "memory", SlidingWindow.last_messages(8))
     run.hook = run.recall = archive
-    run.recall_role = "human"
+    run.recall_role = "system"
     run.start()
     run.turn("t1", 0)
     run.flavour.invoke(
@@ -514,14 +523,19 @@ def test_recall_can_be_sent_as_a_human_message(tmp_path: Path) -> None:
     )
     (sent,) = run.model.calls
     recalled = [m for m in sent if m.text.startswith(RECALL_PREFIX)]
-    assert len(recalled) == 1 and isinstance(recalled[0], HumanMessage)
-    assert "4417" in recalled[0].text and sent.index(recalled[0]) == len(sent) - 2
-    assert [i for i, m in enumerate(sent) if isinstance(m, SystemMessage)] == [0, 1]
+    assert len(recalled) == 1 and isinstance(recalled[0], SystemMessage)
+    assert "4417" in recalled[0].text and sent.index(recalled[0]) == len(sent) - 1
+    assert "locker" in sent[-2].text and isinstance(sent[-2], HumanMessage)
     with pytest.raises(ConfigError, match="recall_role"):
-        DemotingMiddleware(demoter=Demoter(SlidingWindow.last_messages(8)), recall_role="tool")  # type: ignore[arg-type]
+        DemotingMiddleware(
+            demoter=Demoter(SlidingWindow.last_messages(8)),
+            recall=archive,
+            recall_role="tool",  # type: ignore[arg-type]
+        )
+    archive.close()
 
 
-def test_recall_is_one_system_message_before_the_newest_human(tmp_path: Path) -> None:
+def test_recall_is_one_user_message_right_after_the_question(tmp_path: Path) -> None:
     archive = SQLiteArchive(tmp_path / "archive.db")
     run = Run(SyncFlavour(), tmp_path, "memory", SlidingWindow.last_messages(8))
     run.hook = archive
@@ -549,9 +563,12 @@ def test_recall_is_one_system_message_before_the_newest_human(tmp_path: Path) ->
     (sent,) = run.model.calls
     recalled = [m for m in sent if m.text.startswith(RECALL_PREFIX)]
     assert len(recalled) == 1 and "4417" in recalled[0].text
+    assert isinstance(recalled[0], HumanMessage)
     at = sent.index(recalled[0])
-    assert isinstance(sent[at + 1], HumanMessage) and "locker" in sent[at + 1].text
-    assert at + 2 == len(sent)
+    assert isinstance(sent[at - 1], HumanMessage) and "locker" in sent[at - 1].text
+    assert at + 1 == len(sent)
+    # The system block is the prompt and the pinned message, and nothing else.
+    assert [i for i, m in enumerate(sent) if isinstance(m, SystemMessage)] == [0, 1]
     assert sent[1].text == PINNED
     # t2 never sees t1's archive
     run.model.calls.clear()
@@ -587,7 +604,7 @@ def test_failing_recall_is_logged_and_skipped(
 
 def test_render_recall_orders_oldest_first() -> None:
     text = render_recall([Recalled("user", "b", 9, "k2"), Recalled("assistant", "a", 3, "k1")])
-    assert text == RECALL_PREFIX + "[assistant] a\n[user] b"
+    assert text == RECALL_PREFIX + "- assistant: a\n- user: b"
 
 
 def test_custom_conversation_id(tmp_path: Path) -> None:

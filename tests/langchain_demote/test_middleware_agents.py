@@ -28,6 +28,7 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from demote import Demoter, SlidingWindow
@@ -266,9 +267,10 @@ def test_render_window_sends_copies_with_placeholders_and_the_progress_note() ->
     )  # fmt: skip
     assert result.content == "long content", "the stored result is not changed"
     assert not any(SUMMARY_PREFIX in str(m.content) for m in out), "no mid-conversation system"
-    # Without an opener: the summary is one system message after the pinned ones.
+    # Without an opener: the summary is one user message after the pinned ones (never a
+    # system message: the system block stays as it is).
     plain = render_window(Window("c", pinned, "gist", [opener], start=3, total=4))
-    assert isinstance(plain[1], SystemMessage) and plain[1].content == SUMMARY_PREFIX + "gist"
+    assert isinstance(plain[1], HumanMessage) and plain[1].content == SUMMARY_PREFIX + "gist"
     assert plain[2] is opener
 
 
@@ -284,6 +286,10 @@ def test_the_middleware_counts_the_system_prompt_and_tools_as_reserved(tmp_path:
     system = to_core(SystemMessage(SYSTEM), demoter.describe).tokens
     assert reserved > system
     assert reserved - system >= count_tokens_approximately([], tools=TOOLS) - 5
+    # At least LangChain's count of the definitions the provider is sent (wrapped), too.
+    sent = [convert_to_openai_tool(t) for t in TOOLS]
+    assert count_tokens_approximately([], tools=sent) > count_tokens_approximately([], tools=TOOLS)
+    assert reserved - system >= count_tokens_approximately([], tools=sent)
     assert middleware._reserved(request) == reserved, "the same on every call"
     by_messages = DemotingMiddleware(Demoter(SlidingWindow.last_messages(10)))
     assert by_messages._reserved(request) == 0, "only a token window counts tokens"

@@ -13,8 +13,9 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from demote import Demoter, Demotion, SlidingWindow
+from demote import Demoter, Demotion, SlidingWindow, SQLiteStateStore
 from demote.archive.sqlite import SQLiteArchive
+from demote.erase import TierReport
 from demote.errors import ConfigError
 from langchain_demote import DemotingMiddleware
 from langchain_demote.middleware import thread_conversation_id
@@ -64,8 +65,12 @@ def test_erase_deletes_the_thread_the_state_and_the_archive(tmp_path: Path) -> N
 
     report = middleware.erase("t1", checkpointer=saver)
 
-    assert report.complete and report.inner == 12
-    assert [(t.tier, t.removed) for t in report.tiers] == [("SQLiteArchive", 8)]
+    assert report.complete and report.found
+    assert report.touched == (
+        TierReport("InMemorySaver", "erased", 12, kind="checkpoint"),
+        TierReport("SQLiteArchive", "erased", 8),
+        TierReport("InMemoryStateStore", "erased", 1, kind="state"),
+    ), "the checkpoint, the long tail, the state: every tier it touched, in order"
     assert saver.get_tuple({"configurable": {"thread_id": "t1"}}) is None
     assert archive.count("t1") == 0 and archive.search("t1", "quokka7741") == []
     assert middleware.demoter.state.get("t1") is None
@@ -78,14 +83,16 @@ def test_a_pruned_thread_hands_the_keys_its_messages_were_delivered_under(
     tmp_path: Path,
 ) -> None:
     shelf = KeyShelf()
-    middleware = DemotingMiddleware(Demoter(LAST4, shelf), prune_state=True)
+    state = SQLiteStateStore(tmp_path / "state.db")  # lives and dies with the threads' file
+    middleware = DemotingMiddleware(Demoter(LAST4, shelf, state=state), prune_state=True)
     with SqliteSaver.from_conn_string(str(tmp_path / "threads.db")) as saver:
         graph = agent(middleware, saver)
         chat(graph, "t1", 8, "pruned")
         kept = graph.get_state({"configurable": {"thread_id": "t1"}}).values["messages"]
         assert len(kept) < 16 and len(shelf.rows) == 12
         report = middleware.erase("t1", checkpointer=saver)
-        assert report.inner == len(kept) and report.complete
+        assert report.inner == TierReport("SqliteSaver", "erased", len(kept), kind="checkpoint")
+        assert report.complete
         # The pruned messages' keys are gone with them (a store that finds documents by
         # metadata reaches those); the kept, delivered one is found by its true key.
         assert report.tiers[0].removed == 1 and len(shelf.rows) == 11
@@ -103,7 +110,8 @@ async def test_aerase_on_an_async_agent(tmp_path: Path) -> None:
             {"messages": [("user", f"secret {i}")]}, {"configurable": {"thread_id": "a"}}
         )
     report = await middleware.aerase("a", checkpointer=saver)
-    assert report.complete and report.inner == 10 and archive.count("a") == 0
+    assert report.complete and archive.count("a") == 0
+    assert report.inner == TierReport("InMemorySaver", "erased", 10, kind="checkpoint")
     assert await saver.aget_tuple({"configurable": {"thread_id": "a"}}) is None
 
 
@@ -127,6 +135,7 @@ def test_a_custom_conversation_id_must_be_named() -> None:
     with pytest.raises(ConfigError, match="conversation_id"):
         middleware.erase("t1", checkpointer=InMemorySaver())
     report = middleware.erase("t1", checkpointer=InMemorySaver(), conversation_id="t1/bot")
-    assert report.inner == 0 and report.state
+    assert report.inner == TierReport("InMemorySaver", "erased", 0, kind="checkpoint")
+    assert report.state.removed == 0 and report.found is False, "a thread nothing knew"
     with pytest.raises(ConfigError, match="checkpointer"):
         middleware.erase("t1", checkpointer=object(), conversation_id="t1/bot")  # type: ignore[arg-type]

@@ -204,3 +204,14 @@ def test_prompt_cache_key_refuses_what_it_cannot_use() -> None:
     with pytest.raises(ConfigError, match="non-empty str"):
         run(model, [demoting(prompt_cache_key=lambda cid: "")])
     assert model.payloads == []
+
+
+def test_prompt_cache_key_is_not_sent_to_a_provider_that_refuses_it() -> None:
+    # ChatAnthropic would put an unknown prompt_cache_key field in its request, which
+    # Anthropic's API refuses: with every caching option on, the Anthropic request stays
+    # valid (an agent may switch models under the same middleware).
+    model = anthropic()
+    run(model, [demoting(prompt_cache_key=True), AnthropicPromptCachingMiddleware(ttl="5m")])
+    assert len(model.payloads) == STEPS + 1
+    assert all("prompt_cache_key" not in p for p in model.payloads)
+    assert all(p.get("cache_control") == CACHE for p in model.payloads)

@@ -8,7 +8,6 @@ ids are unique per step (``call-<n>``).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from llama_index.core.tools import FunctionTool
 from pydantic import Field, PrivateAttr
 
 from demote import Demoter
+from demote.window.tokens import schema_tokens
 from llamaindex_demote.instrumentation import DemotionEvent
 from llamaindex_demote.messages import opened_calls, text_of, to_core
 
@@ -82,8 +82,8 @@ def tool_tokens(demoter: Demoter, tools: Sequence[Callable[..., Any]]) -> int:
     counter = demoter.policy.resolved_counter()
     total = 0
     for fn in tools:
-        schema = FunctionTool.from_defaults(fn).metadata.to_openai_tool()
-        total += counter(json.dumps(schema, default=str, separators=(",", ":")))
+        schema = FunctionTool.from_defaults(fn).metadata.to_openai_tool()["function"]
+        total += schema_tokens(schema["name"], schema["description"], schema["parameters"], counter)
     return total
 
 

@@ -88,9 +88,11 @@ def test_chat_engine_sends_the_summary_in_place() -> None:
     for sent in llm.seen:
         summaries = [m for m in sent if SUMMARY_PREFIX in str(m.content)]
         assert len(summaries) <= 1
-        if summaries:  # right after the system prefix, before any history
+        if summaries:  # right after the system prefix, before any history, as a user
+            # message: the system block (the engine's prefix) is never changed
             assert sent.index(summaries[0]) == 1
-            assert summaries[0].role == MessageRole.SYSTEM
+            assert summaries[0].role == MessageRole.USER
+        assert all(m.role != MessageRole.SYSTEM for m in sent[1:])
         history = [m for m in sent[1:] if SUMMARY_PREFIX not in str(m.content)]
         assert len(history) <= LIMIT + 2 * K
     summary = demoter.state_of("u1").summary

@@ -12,7 +12,7 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.llms.mock import MockLLMWithChatMemoryOfLastCall
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from demote import Bulk, Demoter, FanOutHook, SlidingWindow
+from demote import Bulk, Demoter, DemoteWarning, FanOutHook, SlidingWindow
 from demote.archive.sqlite import SQLiteArchive
 from demote.window.planner import turn_groups
 from llamaindex_demote import DemotingMemory
@@ -147,7 +147,8 @@ def test_chat_engine_passes_real_initial_token_count() -> None:
 
 def test_engine_builds_the_memory_from_memory_cls() -> None:
     llm = MockLLM(max_tokens=3)
-    engine = SimpleChatEngine.from_defaults(llm=llm, memory_cls=DemotingMemory)
+    with pytest.warns(DemoteWarning, match="no long tail"):  # (see test_llamaindex_defaults)
+        engine = SimpleChatEngine.from_defaults(llm=llm, memory_cls=DemotingMemory)
     engine.chat("hi")
     assert len(engine.chat_history) == 2
     memory = engine._memory

@@ -9,7 +9,14 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.memory import Memory
 
-from demote import ConfigError, DemoteError, Demoter, MessageTypeError, SlidingWindow
+from demote import (
+    ConfigError,
+    DemoteError,
+    Demoter,
+    MessageTypeError,
+    NoopHook,
+    SlidingWindow,
+)
 from llamaindex_demote import DemotingMemory
 from tests.conformance.contract import RecordingHook
 
@@ -51,19 +58,25 @@ def test_non_messages_are_refused_and_nothing_is_stored(case: str, flavour: str)
 
 def test_from_defaults_refuses_a_bad_chat_history() -> None:
     with pytest.raises(MessageTypeError, match=r"chat_history\[0\]"):
-        DemotingMemory.from_defaults(token_limit=100, chat_history=[None])  # type: ignore[list-item]
+        DemotingMemory.from_defaults(hook=NoopHook(), token_limit=100, chat_history=[None])  # type: ignore[list-item]
 
 
 def test_session_id_is_the_chat_store_key() -> None:
     """``Memory.from_defaults(session_id=...)`` names the conversation; so does ours."""
     theirs = Memory.from_defaults(session_id="user-7", token_limit=1000)
-    ours = DemotingMemory.from_defaults(session_id="user-7", token_limit=1000)
+    ours = DemotingMemory.from_defaults(hook=NoopHook(), session_id="user-7", token_limit=1000)
     assert ours.chat_store_key == ours.session_id == theirs.session_id == "user-7"
     ours.put(ChatMessage(role="user", content="hi"))
     assert ours.demoter.tracked_conversations() == 0  # nothing demoted, nothing tracked
     assert ours.chat_store.get_keys() == ["user-7"]
-    same = DemotingMemory.from_defaults(session_id="s", chat_store_key="s", token_limit=10)
+    same = DemotingMemory.from_defaults(
+        hook=NoopHook(), session_id="s", chat_store_key="s", token_limit=10
+    )
     assert same.chat_store_key == "s"
     with pytest.raises(ConfigError, match="name two conversations"):
-        DemotingMemory.from_defaults(session_id="a", chat_store_key="b", token_limit=10)
-    assert DemotingMemory.from_defaults(token_limit=10).session_id == "chat_history"
+        DemotingMemory.from_defaults(
+            hook=NoopHook(), session_id="a", chat_store_key="b", token_limit=10
+        )
+    assert (
+        DemotingMemory.from_defaults(hook=NoopHook(), token_limit=10).session_id == "chat_history"
+    )

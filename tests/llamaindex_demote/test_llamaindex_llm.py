@@ -30,6 +30,7 @@ from llama_index.core.workflow import Context, HumanResponseEvent, InputRequired
 from workflows.context.serializers import JsonSerializer, PickleSerializer
 
 from demote import Demoter, SlidingWindow
+from demote.engine.result import PROGRESS_PREFIX
 from demote.records import make_key
 from demote.registry import register, unregister
 from llamaindex_demote import RECALL_PREFIX, DemotingLLM, DemotingMemory, recall_tool
@@ -200,7 +201,7 @@ def test_recall_tool_finds_what_the_run_archived_while_it_runs(tmp_path: Path) -
     assert all("page 0:" not in text_of(m) for m in seen[-1]), "and not in the request"
 
 
-def test_recall_goes_before_the_opener_with_what_left_the_window(tmp_path: Path) -> None:
+def test_recall_goes_after_the_opener_with_what_left_the_window(tmp_path: Path) -> None:
     hook = CountingArchive(tmp_path / "archive.db")
     demoter = Demoter(SlidingWindow.last_tokens(LIMIT), hook, hook_wait=None)
     memory = DemotingMemory.from_defaults(
@@ -213,7 +214,13 @@ def test_recall_goes_before_the_opener_with_what_left_the_window(tmp_path: Path)
     assert recalled, "once page 0 left the window, recall brings it back"
     for sent in recalled:
         at = next(i for i, m in enumerate(sent) if text_of(m).startswith(RECALL_PREFIX))
-        assert sent[at + 1].role == MessageRole.USER, "right before the question"
+        assert sent[at].role == MessageRole.USER
+        # Right after the question (the run's opener) and the progress note that follows it.
+        opener = next(i for i, m in enumerate(sent) if text_of(m).startswith("Read the report"))
+        after_note = at == opener + 2 and text_of(sent[at - 1]).startswith(PROGRESS_PREFIX)
+        assert at == opener + 1 or after_note
+        assert all(m.role != MessageRole.SYSTEM for m in sent[opener:]), "one system block"
+        assert request_tokens(demoter, sent) <= LIMIT, "the recall's budget is reserved"
     assert max(hook.deliveries.values()) == 1
 
 

@@ -16,12 +16,14 @@ from demote import (
     ConfigError,
     ConversationIdError,
     Demoter,
+    NoopHook,
     Recalled,
     SlidingWindow,
 )
 from demote.archive.sqlite import SQLiteArchive
 from demote.records import fingerprint, make_key
-from llamaindex_demote import RECALL_PREFIX, DemotingMemory, from_core
+from demote.window.tokens import MESSAGE_OVERHEAD
+from llamaindex_demote import RECALL_PREFIX, DemotingMemory, from_core, to_core
 from tests.conformance.contract import RecordingHook
 from tests.llamaindex_demote.support import to_pairs
 
@@ -92,7 +94,7 @@ class AsyncOnlyStore(SimpleChatStore):
 
 
 def test_is_a_llamaindex_memory() -> None:
-    memory = DemotingMemory.from_defaults(policy=SlidingWindow.last_messages(4))
+    memory = DemotingMemory.from_defaults(hook=NoopHook(), policy=SlidingWindow.last_messages(4))
     assert isinstance(memory, BaseMemory)
     assert memory.class_name() == "DemotingMemory"
     assert memory.chat_store_key == "chat_history"
@@ -113,10 +115,10 @@ def test_shared_demoter_serves_several_memories() -> None:
 
 
 def test_window_sizing_options() -> None:
-    by_tokens = DemotingMemory.from_defaults(token_limit=1000)
+    by_tokens = DemotingMemory.from_defaults(hook=NoopHook(), token_limit=1000)
     assert by_tokens.demoter.policy == SlidingWindow.last_tokens(1000)
     llm = MockLLM()
-    by_llm = DemotingMemory.from_defaults(llm=llm)
+    by_llm = DemotingMemory.from_defaults(hook=NoopHook(), llm=llm)
     assert by_llm.demoter.policy.limit == int(llm.metadata.context_window * 0.75)
     hook = RecordingHook()
     private = DemotingMemory.from_defaults(policy=SlidingWindow.last_turns(2), hook=hook)
@@ -136,9 +138,12 @@ def test_window_sizing_options() -> None:
         ),
         ({"demoter": "nope"}, "expected a Demoter"),
         ({"policy": SlidingWindow.last_turns(1), "token_limt": 5}, "unexpected options"),
-        ({"policy": SlidingWindow.last_turns(1), "recall_k": 0}, "recall_k"),
-        ({"policy": SlidingWindow.last_turns(1), "recall": object()}, "recall"),
-        ({"policy": SlidingWindow.last_turns(1), "capture": object()}, "capture"),
+        ({"policy": SlidingWindow.last_turns(1), "hook": NoopHook(), "recall_k": 0}, "recall_k"),
+        ({"policy": SlidingWindow.last_turns(1), "hook": NoopHook(), "recall": object()}, "recall"),
+        (
+            {"policy": SlidingWindow.last_turns(1), "hook": NoopHook(), "capture": object()},
+            "capture",
+        ),
     ],
 )
 def test_bad_options(kwargs: dict[str, Any], match: str) -> None:
@@ -149,12 +154,14 @@ def test_bad_options(kwargs: dict[str, Any], match: str) -> None:
 @pytest.mark.parametrize("bad", ["", "a\x00b"])
 def test_bad_conversation_id(bad: str) -> None:
     with pytest.raises(ConversationIdError):
-        DemotingMemory.from_defaults(policy=SlidingWindow.last_turns(1), chat_store_key=bad)
+        DemotingMemory.from_defaults(
+            hook=NoopHook(), policy=SlidingWindow.last_turns(1), chat_store_key=bad
+        )
 
 
 def test_chat_history_is_stored() -> None:
     memory = DemotingMemory.from_defaults(
-        policy=SlidingWindow.last_messages(2), chat_history=chat(3)
+        hook=NoopHook(), policy=SlidingWindow.last_messages(2), chat_history=chat(3)
     )
     assert len(memory.get_all()) == 6
     assert len(memory.get()) == 2
@@ -217,6 +224,7 @@ def test_reset_clears_store_and_state() -> None:
 def test_async_path_uses_only_async_store_methods() -> None:
     recall = AsyncListRecall([Recalled("user", "old fact", 0, "k0")])
     memory = DemotingMemory.from_defaults(
+        hook=NoopHook(),
         policy=SlidingWindow.last_messages(2),
         chat_store=AsyncOnlyStore(),
         recall=recall,
@@ -230,16 +238,30 @@ def test_async_path_uses_only_async_store_methods() -> None:
         return await memory.aget()
 
     got = asyncio.run(run())
-    assert [m.role for m in got] == [MessageRole.SYSTEM, MessageRole.USER]  # recall, question
+    assert [m.role for m in got] == [MessageRole.USER, MessageRole.USER]  # question, recall
+    assert (got[1].content or "").startswith(RECALL_PREFIX)
     assert recall.async_queries == 1 and recall.queries == []
 
 
-def test_initial_token_count() -> None:
-    memory = DemotingMemory.from_defaults(policy=SlidingWindow.last_tokens(60))
-    memory.put_messages(chat(10))
-    window = memory.get()
-    # The prefix does not shrink the policy's window (demotion must not depend on the reader).
-    assert memory.get(initial_token_count=50) == window
+def test_initial_token_count_counts_toward_the_limit() -> None:
+    # A chat engine's prefix (SimpleChatEngine passes its system prompt's tokens) is sent
+    # with the window: in a token window the window leaves room for it.
+    limit = 60
+
+    def sent(prefix: int) -> tuple[list[ChatMessage], int]:
+        memory = DemotingMemory.from_defaults(
+            hook=NoopHook(), policy=SlidingWindow.last_tokens(limit)
+        )
+        memory.put_messages(chat(10))
+        got = memory.get(initial_token_count=prefix)
+        return got, sum(to_core(m, memory.demoter.describe).tokens for m in got)
+
+    alone, alone_tokens = sent(0)
+    prefixed, prefixed_tokens = sent(30)
+    assert alone_tokens <= limit
+    assert len(prefixed) < len(alone)
+    assert prefixed_tokens + 30 + MESSAGE_OVERHEAD <= limit  # the prefix as one more message
+    memory = DemotingMemory.from_defaults(hook=NoopHook(), policy=SlidingWindow.last_tokens(60))
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="initial_token_count"):
             memory.get(initial_token_count=bad)  # type: ignore[arg-type]
@@ -247,10 +269,11 @@ def test_initial_token_count() -> None:
 
 def test_tokenizer_fn_counts_with_the_policy_counter() -> None:
     memory = DemotingMemory.from_defaults(
-        policy=SlidingWindow.last_tokens(100, counter=lambda text: len(text.split()))
+        hook=NoopHook(),
+        policy=SlidingWindow.last_tokens(100, counter=lambda text: len(text.split())),
     )
     assert len(memory.tokenizer_fn("one two three")) == 3
-    approx = DemotingMemory.from_defaults(token_limit=100)
+    approx = DemotingMemory.from_defaults(hook=NoopHook(), token_limit=100)
     assert len(approx.tokenizer_fn("x" * 40)) == 10
 
 
@@ -260,7 +283,11 @@ def test_tokenizer_fn_counts_with_the_policy_counter() -> None:
 def _recall_memory(hits: list[Recalled], k: int = 5) -> tuple[DemotingMemory, ListRecall]:
     recall = ListRecall(hits)
     memory = DemotingMemory.from_defaults(
-        policy=SlidingWindow.last_messages(4), recall=recall, recall_k=k, chat_store_key="c"
+        hook=NoopHook(),
+        policy=SlidingWindow.last_messages(4),
+        recall=recall,
+        recall_k=k,
+        chat_store_key="c",
     )
     memory.put(from_core("system", "pinned"))
     memory.put_messages(chat(5))
@@ -275,9 +302,10 @@ def test_recall_without_input_uses_newest_user_message() -> None:
     memory.put(from_core("user", "what did I ask first?"))
     got = memory.get()
     assert recall.queries == [("c", "what did I ask first?", 10)]
+    # A user message right after the question: no system message after the history began.
     assert to_pairs(got)[-2:] == [
-        ("system", RECALL_PREFIX + "- user: t question 0"),
         ("user", "what did I ask first?"),
+        ("user", RECALL_PREFIX + "- user: t question 0"),
     ]
     assert to_pairs(got)[0] == ("system", "pinned")
     # Never written back: the store holds only what was put.
@@ -288,15 +316,33 @@ def test_recall_with_input_not_stored_goes_last() -> None:
     memory, recall = _recall_memory([OLD])
     got = to_pairs(memory.get(input="what did I ask first?"))
     assert recall.queries[-1][1] == "what did I ask first?"
-    assert got[-1] == ("system", RECALL_PREFIX + "- user: t question 0")
+    assert got[-1] == ("user", RECALL_PREFIX + "- user: t question 0")
     assert got[-2] == ("assistant", "t answer 4")
 
 
-def test_recall_with_input_already_stored_goes_before_it() -> None:
+def test_recall_with_input_already_stored_goes_right_after_it() -> None:
     memory, _ = _recall_memory([OLD])
     memory.put(from_core("user", "what did I ask first?"))
     got = to_pairs(memory.get(input="what did I ask first?"))
-    assert got[-2][1].startswith(RECALL_PREFIX) and got[-1] == ("user", "what did I ask first?")
+    assert got[-1][1].startswith(RECALL_PREFIX) and got[-2] == ("user", "what did I ask first?")
+
+
+def test_recall_can_be_a_system_message_when_asked() -> None:
+    recall = ListRecall([OLD])
+    memory = DemotingMemory.from_defaults(
+        hook=NoopHook(), policy=SlidingWindow.last_messages(4), recall=recall, recall_role="system"
+    )
+    memory.put_messages(chat(5))
+    memory.put(from_core("user", "what did I ask first?"))
+    got = to_pairs(memory.get())
+    assert got[-1] == ("system", RECALL_PREFIX + "- user: t question 0")
+    with pytest.raises(ConfigError, match="recall_role"):
+        DemotingMemory.from_defaults(
+            hook=NoopHook(),
+            policy=SlidingWindow.last_messages(4),
+            recall=recall,
+            recall_role="tool",  # type: ignore[arg-type]
+        )
 
 
 def test_recall_skips_what_the_window_shows_and_keeps_k() -> None:
@@ -318,7 +364,9 @@ def test_recall_skips_what_the_window_shows_and_keeps_k() -> None:
 
 def test_no_recall_without_a_user_message() -> None:
     recall = ListRecall([OLD])
-    memory = DemotingMemory.from_defaults(policy=SlidingWindow.last_messages(4), recall=recall)
+    memory = DemotingMemory.from_defaults(
+        hook=NoopHook(), policy=SlidingWindow.last_messages(4), recall=recall
+    )
     memory.put(from_core("system", "pinned"))
     assert to_pairs(memory.get()) == [("system", "pinned")]
     assert recall.queries == []
@@ -331,6 +379,7 @@ def test_no_recall_without_a_user_message() -> None:
 def test_capture_each_new_user_message(flavour: str) -> None:
     captured = Captured()
     memory = DemotingMemory.from_defaults(
+        hook=NoopHook(),
         policy=SlidingWindow.last_messages(2),
         capture=captured,
         chat_store_key="cap",

@@ -153,14 +153,15 @@ def test_from_core() -> None:
     assert message.role == MessageRole.SYSTEM and message.content == "be brief"
 
 
-def test_recall_message_is_one_system_message_oldest_first() -> None:
+def test_recall_message_is_one_user_message_oldest_first() -> None:
     hits = [
         Recalled("assistant", "noted: 4512", 7, "k7", 2.0),
         Recalled("user", "from elsewhere", -1, "kx", 9.0),
         Recalled("user", "my locker code is 4512", 6, "k6", 1.0),
     ]
     message = recall_message(hits)
-    assert message.role == MessageRole.SYSTEM
+    assert message.role == MessageRole.USER
     assert message.content == RECALL_PREFIX + (
         "- user: my locker code is 4512\n- assistant: noted: 4512\n- user: from elsewhere"
     )
+    assert recall_message(hits, "system").role == MessageRole.SYSTEM

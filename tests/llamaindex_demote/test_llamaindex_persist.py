@@ -14,7 +14,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.storage.chat_store import SimpleChatStore
 from pydantic_core import PydanticSerializationError
 
-from demote import CapturedTurn, ConfigError, Demoter, FanOutHook, SlidingWindow
+from demote import CapturedTurn, ConfigError, Demoter, FanOutHook, NoopHook, SlidingWindow
 from demote.archive.sqlite import SQLiteArchive
 from demote.registry import AUTO_PREFIX, register, unregister
 from llamaindex_demote import DemotingMemory
@@ -150,7 +150,7 @@ def test_unregistered_parts_have_names_for_this_process_only() -> None:
 
 
 def test_a_name_missing_here_is_named_in_the_error() -> None:
-    memory = DemotingMemory.from_defaults(token_limit=100)
+    memory = DemotingMemory.from_defaults(hook=NoopHook(), token_limit=100)
     data = {**memory.to_dict(), "demoter": {"registered": "billing"}}
     with pytest.raises(ConfigError, match=r"demoter 'billing' is not registered in this process"):
         DemotingMemory.from_dict(data)
@@ -168,7 +168,9 @@ def test_from_dict_takes_live_parts_directly() -> None:
 
 def test_other_chat_stores_are_saved_by_reference(tmp_path: Path) -> None:
     store = FileChatStore(path=tmp_path / "chat.json")
-    memory = DemotingMemory.from_defaults(token_limit=100, chat_store=store, chat_store_key="u4")
+    memory = DemotingMemory.from_defaults(
+        hook=NoopHook(), token_limit=100, chat_store=store, chat_store_key="u4"
+    )
     memory.put(ChatMessage(role="user", content="hi"))
     data = memory.to_dict()
     assert set(data["chat_store"]) == {"registered"}, "its data lives in its file"
@@ -187,7 +189,7 @@ def test_a_part_that_cannot_be_referred_to_fails_at_save_time() -> None:
         def capture(self, turn: CapturedTurn) -> None:
             self.turns.append(turn)
 
-    memory = DemotingMemory.from_defaults(token_limit=100, capture=Slotted())
+    memory = DemotingMemory.from_defaults(hook=NoopHook(), token_limit=100, capture=Slotted())
     with pytest.raises(ConfigError, match=r"capture Slotted cannot be saved by reference"):
         memory.to_dict()
     with pytest.raises(ConfigError, match="register it under a name"):

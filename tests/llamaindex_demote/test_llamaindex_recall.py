@@ -57,8 +57,9 @@ def test_fact_is_demoted_then_recalled(archive: SQLiteArchive) -> None:
     # SimpleChatEngine-style: the question is stored first, get() has no input.
     engine.chat(QUESTION)
     sent = list(llm.last_chat_messages or [])
-    assert sent[-1].content == QUESTION
-    assert FACT in (sent[-2].content or "") and sent[-2].content.startswith(RECALL_PREFIX)  # type: ignore[union-attr]
+    assert sent[-2].content == QUESTION  # the recall right after the question
+    assert FACT in (sent[-1].content or "") and sent[-1].content.startswith(RECALL_PREFIX)  # type: ignore[union-attr]
+    assert sent[-1].role == "user" and all(m.role != "system" for m in sent[1:])
     assert sum(1 for m in sent if (m.content or "").startswith(RECALL_PREFIX)) == 1
 
     # Recalled text is never stored, demoted or archived again.
@@ -93,5 +94,5 @@ async def test_async_recall_in_function_agent(archive: SQLiteArchive) -> None:
     agent = FunctionAgent(tools=[add], llm=tool_calling_llm(seen))
     await agent.run(QUESTION, memory=memory)
     first = to_pairs(seen[0])
-    assert first[-1] == ("user", QUESTION)
-    assert first[-2][0] == "system" and FACT in first[-2][1]
+    assert first[-2] == ("user", QUESTION)
+    assert first[-1][0] == "user" and FACT in first[-1][1]

@@ -173,10 +173,10 @@ def test_nothing_the_model_passes_reaches_the_other_conversation(
     assert "staging deploy token is ALPHA-7781" in fetched and approximate_tokens(fetched) <= 60
 
 
-def test_the_model_sees_query_key_k_and_budget(archive: SQLiteArchive) -> None:
+def test_the_model_sees_query_key_k_budget_and_start(archive: SQLiteArchive) -> None:
     tool = recall_tool(archive, conversation_id="agent-a", name="lookup")
     schema = tool.metadata.get_parameters_dict()
-    assert set(schema["properties"]) == {"query", "key", "k", "budget_tokens"}
+    assert set(schema["properties"]) == {"query", "key", "k", "budget_tokens", "start"}
     assert tool.metadata.name == "lookup" and "key" in tool.metadata.description
 
 

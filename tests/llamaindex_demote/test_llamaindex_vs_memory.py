@@ -28,7 +28,7 @@ from llama_index.core.utils import get_tokenizer
 from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from demote import Bulk, PerItem, Recalled, SlidingWindow
+from demote import Bulk, NoopHook, PerItem, Recalled, SlidingWindow
 from llamaindex_demote import DemotingMemory
 from tests.conformance.contract import RecordingHook
 
@@ -118,6 +118,7 @@ async def test_default_flush_is_3000_token_chunks_inline_in_put(engine: AsyncEng
     theirs = Memory.from_defaults(session_id="d", memory_blocks=[block], async_engine=engine)
     assert (theirs.token_limit, theirs.token_flush_size) == (30000, 3000)
     ours = DemotingMemory.from_defaults(
+        hook=NoopHook(),
         policy=SlidingWindow.last_tokens(18000, counter=count, eviction=Bulk(overflow=3000)),
         chat_store_key="d",
     )
@@ -143,9 +144,11 @@ async def test_recall_keeps_the_prompt_head_stable() -> None:
             return [Recalled("user", f"old note for {query}", -1, "k")]
 
     ours = DemotingMemory.from_defaults(
-        policy=SlidingWindow.last_messages(50), recall=Fixed(), chat_store_key="h"
+        hook=NoopHook(), policy=SlidingWindow.last_messages(50), recall=Fixed(), chat_store_key="h"
     )
     await ours.aput(ChatMessage(role="system", content="you are terse"))
     (seen,) = await drive([ours], 6, 3)
     assert {g[0].content for g in seen} == {"you are terse"}
-    assert all(g[-2].content and "old note" in g[-2].content for g in seen[1:])
+    # Right after the question, as a user message: the head never changes.
+    assert all(g[-1].content and "old note" in g[-1].content for g in seen[1:])
+    assert all(g[-1].role == "user" and g[-2].role == "user" for g in seen[1:])

@@ -250,12 +250,13 @@ def test_assemble_sends_copies_with_placeholders_and_the_progress_note() -> None
     assert out[3] is call
     assert text_of(out[4]) == "long\n[clipped]" and out[4].additional_kwargs["tool_call_id"] == "c1"
     assert text_of(result) == "long content", "the stored result is not changed"
-    # Recall at 0 goes before the opener; a hit on the opener itself is not sent.
-    from llamaindex_demote._prompt import _visible
+    # Recall for the opener goes after it and its note; a hit on the opener is not sent.
+    from demote.request import Recalling, render_recall, visible_hits
 
     on_opener = Recalled("user", "do the job", 0, "k0")
     hit = Recalled("user", "earlier words", 2, "k2")
-    assert _visible(window, [on_opener, hit], 5) == [hit]
-    with_recall = assemble(window, [hit], 0)
-    assert with_recall[1].role == MessageRole.SYSTEM and "earlier words" in text_of(with_recall[1])
-    assert with_recall[2].role == MessageRole.USER
+    assert visible_hits(window, [on_opener, hit], lambda m: (m.role.value, text_of(m))) == [hit]
+    with_recall = assemble(window, Recalling(render_recall([hit]), (hit,), 0))
+    assert with_recall[1] is opener and text_of(with_recall[2]).startswith(PROGRESS_PREFIX)
+    assert with_recall[3].role == MessageRole.USER and "earlier words" in text_of(with_recall[3])
+    assert with_recall[4] is call

@@ -23,18 +23,32 @@ from urllib.parse import urlsplit
 from demote.records import Demotion
 from tests.support.tcp_proxy import TcpProxy
 
-__all__ = ["HOWS", "KeySink", "asettled", "fault", "proxied", "settled"]
+__all__ = ["HOWS", "KeySink", "asettled", "fault", "proxied", "settled", "through"]
 
 HOWS = ["cut", "blackhole"]
 
 
-def proxied(kind: str, url: str) -> tuple[TcpProxy, Any, Callable[[], None]]:
-    """A default-settings state store of ``kind`` through a new proxy, and its cleanup."""
+def through(url: str, proxy: TcpProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
     parts = urlsplit(url)
-    proxy = TcpProxy(parts.port or (6379 if kind == "redis" else 5432)).start()
     netloc = parts.netloc.rsplit("@", 1)
     auth = f"{netloc[0]}@" if len(netloc) == 2 else ""
-    via = f"{parts.scheme}://{auth}127.0.0.1:{proxy.port}{parts.path}"
+    return f"{parts.scheme}://{auth}127.0.0.1:{proxy.port}{parts.path}"
+
+
+def proxied(
+    kind: str, url: str, *, down_first: str | None = None
+) -> tuple[TcpProxy, Any, Callable[[], None]]:
+    """A default-settings state store of ``kind`` through a new proxy, and its cleanup.
+
+    With ``down_first`` (``"cut"`` or ``"blackhole"``), the proxy takes the server away
+    before the store is made: a worker booting while its store is down.
+    """
+    parts = urlsplit(url)
+    proxy = TcpProxy(parts.port or (6379 if kind == "redis" else 5432)).start()
+    if down_first is not None:
+        fault(proxy, down_first)
+    via = through(url, proxy)
     store: Any
     if kind == "redis":
         from demote.state import RedisStateStore

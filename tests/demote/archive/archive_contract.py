@@ -17,6 +17,7 @@ U+FFFD.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,6 +57,42 @@ def batch(conversation_id: str, *texts: str, start: int = 0, fence: int | None =
             for i, t in enumerate(texts)
         ),
         fence=fence,
+    )
+
+
+def carrying(conversation_id: str) -> Demotion:
+    """Messages in the neutral forms the adapters deliver, carrying speaker and date: LangChain's
+    ``name`` and ``additional_kwargs``, LlamaIndex's ``additional_kwargs``; the rest none."""
+    said: list[tuple[str, dict[str, Any]]] = [
+        (
+            "I went hiking",
+            {
+                "name": "Caroline",
+                "extra": {"additional_kwargs": {"timestamp": "2023-05-08T13:56Z"}},
+            },
+        ),
+        (
+            "I went fishing",
+            {
+                "extra": {
+                    "additional_kwargs": {
+                        "speaker": "Melanie",
+                        "date_time": "7:55 pm on 20 July, 2023",
+                    }
+                }
+            },
+        ),
+        ("Hiking! We went hiking, hiking all week.", {}),
+        *((text, {}) for text in FILLER),
+    ]
+    return Demotion(
+        conversation_id,
+        tuple(
+            dataclasses.replace(
+                message(conversation_id, i, text), data={"role": "user", "text": text, **form}
+            )
+            for i, (text, form) in enumerate(said)
+        ),
     )
 
 
@@ -356,6 +393,38 @@ class ArchiveContract:
             said[3][1],
         }
         assert favoured.search("c", "book", k=4) == plain.search("c", "book", k=4)
+
+    def test_a_messages_own_speaker_and_date_are_indexed_without_context(
+        self, opener: Opener
+    ) -> None:
+        archive = opener(adjacent_weight=0)  # no context=: the default reads the metadata
+        archive.deliver(carrying("c"))
+        assert [h.text for h in archive.search("c", "what did Melanie do", k=5)] == [
+            "I went fishing"
+        ]
+        assert [h.text for h in archive.search("c", "Caroline went hiking", k=1)] == [
+            "I went hiking"
+        ]
+        assert [h.text for h in archive.search("c", "in July", k=5)] == ["I went fishing"]
+        dated_2023 = {h.text for h in archive.search("c", "in 2023", k=5)}
+        assert dated_2023 == {"I went fishing", "I went hiking"}  # not the undated one
+        stored = archive.messages("c")
+        assert [m.data for m in stored] == [m.data for m in carrying("c").messages]
+        # Time awareness reads the dates the messages carry ("may" is a stop word: only the
+        # date lifts the message of May over the undated one that says "hiking" thrice).
+        query = "who went hiking in May?"
+        assert archive.search("c", query, k=1)[0].text.startswith("Hiking!")
+        dated = opener(adjacent_weight=0, time_weight=4.0)
+        assert dated.search("c", query, k=1)[0].text == "I went hiking"
+
+    def test_a_context_of_ones_own_replaces_the_default(self, opener: Opener) -> None:
+        opener(context=lambda m: {"speaker": "Zed"}).deliver(carrying("d"))
+        opener(context=None).deliver(carrying("e"))  # the text only
+        archive = opener(adjacent_weight=0)
+        assert archive.search("d", "Melanie") == []
+        assert len(archive.search("d", "what did Zed do", k=10)) == 7
+        assert archive.search("e", "Melanie") == archive.search("e", "2023") == []
+        assert len(archive.search("e", "went", k=10)) == 3
 
     def test_results_fit_the_token_budget(self, opener: Opener) -> None:
         # A weak neighbour lift, so the ranking is BM25's (the budget is what is tested).

@@ -16,11 +16,11 @@ import psycopg_pool
 import pytest
 
 from demote import Demoter, PostgresStateStore, SlidingWindow
-from demote.archive import _pg_schema
-from demote.archive._pg_schema import Layout, storage_for
-from demote.archive._pg_search import _unpack
-from demote.archive._pg_statements import Statements
 from demote.archive.postgres import PostgresArchive
+from demote.archive.postgres import _schema as _pg_schema
+from demote.archive.postgres._schema import Layout, storage_for
+from demote.archive.postgres._search import _unpack
+from demote.archive.postgres._statements import Statements
 from demote.errors import ConfigError, ConversationIdError, StoreError
 from demote.records import Demotion
 from tests.demote.archive.archive_contract import FILLER, TEXTS, Concepts, batch, message
@@ -286,8 +286,14 @@ def test_settings_are_checked(postgres_url: str) -> None:
     for bad_timeout in (0, float("nan")):
         with pytest.raises(ConfigError, match="timeout"):
             PostgresArchive(postgres_url, timeout=bad_timeout)
+    # Out of reach: built, calls fail until it answers (see test_boot_while_down.py);
+    # read-only (what the command line opens) it raises at once.
+    down = PostgresArchive("postgresql://postgres@127.0.0.1:1/test", timeout=0.5)
+    with pytest.raises(StoreError, match="postgres"):
+        down.count()
+    down.close()
     with pytest.raises(StoreError, match="cannot reach postgres"):
-        PostgresArchive("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2)
+        PostgresArchive("postgresql://postgres@127.0.0.1:1/test", read_only=True)
 
 
 def test_a_closed_archive_is_a_store_error(postgres_url: str, table: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -194,7 +195,29 @@ def test_a_fetched_message_is_whole_or_cut_and_says_how_long_it_was() -> None:
     assert whole == "[tool] " + "line\n" * 1000
     cut = render_fetched(message, 100)
     assert approximate_tokens(cut) <= 100
-    assert "the message is 1252 tokens, shown up to 100" in cut
+    assert "the message is 1252 tokens; read on with start=" in cut
+
+
+def test_a_long_fetched_message_is_read_on_page_by_page() -> None:
+    body = "".join(f"row {i}: value {i * 7}\n" for i in range(400))
+    message = hit(4, body, role="user")
+    read, start, pages = "", 0, 0
+    while pages < 100:  # bounded: each page moves on
+        pages += 1
+        page = render_fetched(message, 120, start=start)
+        assert approximate_tokens(page) <= 120
+        shown = re.sub(r"^\[user\](?: …\(from character \d+ of \d+\))? ", "", page)
+        assert shown != page and (start == 0) == ("from character" not in page)
+        more = re.search(r" …\[cut: the message is \d+ tokens; read on with start=(\d+)\]$", shown)
+        read += shown[: more.start() if more else None]
+        if more is None:
+            break
+        assert int(more.group(1)) > start
+        start = int(more.group(1))
+    assert pages > 3 and read == body  # every character, once, in order
+    assert render_fetched(message, 120, start=len(body)).endswith(
+        f"(the message has {len(body)} characters: nothing from {len(body)} on)"
+    )
 
 
 # -- rows read back ------------------------------------------------------------------------

@@ -196,12 +196,32 @@ def test_inspect_right_aligns_numbers(demo_runs: tuple[Path, list[str]]) -> None
     folder, _ = demo_runs
     proc = run("inspect", "--state", "state.db", "--archive", "archive.db", cwd=folder,
                timeout=30)  # fmt: skip
-    header, *rows = proc.stdout.splitlines()
+    header, *rows = proc.stdout.split("\n\n")[1].splitlines()  # after what each store reads
     # Every column after the first (the conversation id) ends where its header ends.
     ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", header)][1:]
     assert len(ends) == 6
     for row in rows:
         assert [m.end() for m in re.finditer(r"\S+", row)][1:] == ends, (header, row)
+
+
+@pytest.mark.parametrize(
+    ("name", "described"),
+    [
+        ("llamaindex-chats.jsonl", "demo-llamaindex (llamaindex, "),
+        ("langchain-history.jsonl", "langchain-history (langchain, "),
+    ],
+)
+def test_replay_reads_what_the_demo_writes(
+    demo_runs: tuple[Path, list[str]], name: str, described: str
+) -> None:
+    # The failure: "llamaindex-chats.jsonl: line 1: missing 'role'".
+    folder, _ = demo_runs
+    messages = len((folder / name).read_text().splitlines())
+    proc = run("replay", name, "--no-progress", cwd=folder, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"transcript: {described}{messages} messages)")
+    table = proc.stdout.split("\n\n")[1].splitlines()
+    assert len(table) == 5  # a header and the four default policies
 
 
 def test_missing_store_is_a_one_line_error(tmp_path: Path) -> None:
@@ -352,4 +372,4 @@ def test_main_in_process_returns_the_exit_code(
     from demote.cli import main
 
     assert main(["search", "--archive", str(tmp_path / "none.db"), "c", "q"]) == 2
-    assert capsys.readouterr().err.startswith("demote: error: archive ")
+    assert capsys.readouterr().err.startswith("demote: error: --archive ")

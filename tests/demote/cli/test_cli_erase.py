@@ -26,7 +26,7 @@ from demote.archive.sqlite import SQLiteArchive
 from demote.backends import wal as _wal
 from demote.capture import RetryPolicy, SQLiteOutbox
 from demote.cli.app import main
-from demote.cli.erase import file_kind
+from demote.cli.erase import EXIT_NOT_FOUND, file_kind
 from tests.demote.capture.test_capture_erase import leaks
 from tests.demote.cli.test_cli import one_line_error, run
 from tests.strategies import Msg, describer
@@ -84,11 +84,14 @@ def test_erase_reports_each_tier_and_leaves_no_bytes(
     assert main([*args, "c"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "erase 'c'" and out[-1] == "complete"
-    rows = [line.split() for line in out[2:-1]]
-    assert rows == [["state", "deleted", "-"], ["SQLiteArchive", "erased", "10"],
-                    ["SQLiteOutbox", "erased", "0"]]  # fmt: skip
+    assert out[1].split() == ["tier", "kind", "status", "removed"]
+    rows = [line.split("  ") for line in out[2:-1]]
+    rows = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    assert rows == [["SQLiteArchive", "long tail", "erased", "10"],
+                    ["SQLiteOutbox", "long tail", "erased", "0"],
+                    ["SQLiteStateStore", "state", "erased", "1"]]  # fmt: skip
     assert main([*args, "dead"]) == 0
-    assert ["SQLiteOutbox", "erased", "5"] in [
+    assert ["SQLiteOutbox", "long", "tail", "erased", "5"] in [
         r.split() for r in capsys.readouterr().out.split("\n")
     ]
     for f in files(stores):
@@ -97,8 +100,26 @@ def test_erase_reports_each_tier_and_leaves_no_bytes(
         assert ar.count("c") == 0 and ar.count("o") == 10
         assert KEPT in ar.search("o", KEPT, k=1)[0].text
         assert st.get("c") is None and st.get("o") is not None
-    assert main([*args, "c"]) == 0  # again: nothing left, still complete
-    assert "was in none of the files" in capsys.readouterr().err
+    assert main([*args, "c"]) == EXIT_NOT_FOUND == 3  # again: nothing left to erase
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "not found: none of these stores held 'c'; nothing was erased"
+    assert [line.split()[-1] for line in out[2:-1]] == ["0", "0", "0"]
+
+
+def test_an_id_nothing_knew_exits_with_its_own_status_and_changes_nothing(
+    stores: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, archive, outbox = map(str, files(stores))
+    args = ["erase", "--state", state, "--archive", archive, "--outbox", outbox]
+    with SQLiteArchive(archive) as ar:
+        counts = {cid: ar.count(cid) for cid in ("c", "o")}
+    assert main([*args, "never-seen-id"]) == 3
+    out = capsys.readouterr().out
+    assert "deleted" not in out and "not found: none of these stores held" in out
+    assert "SQLiteStateStore  state      erased        0" in out
+    with SQLiteArchive(archive) as ar, SQLiteStateStore(state) as st:
+        assert {cid: ar.count(cid) for cid in ("c", "o")} == counts
+        assert st.get("c") is not None and st.get("o") is not None
 
 
 def test_files_of_the_wrong_kind_are_refused_and_left_as_they_were(
@@ -151,11 +172,12 @@ def test_a_tier_that_fails_makes_the_exit_status_1(
     state, archive = str(stores / "state.db"), str(stores / "archive.db")
     assert main(["erase", "--state", state, "--archive", archive, "c"]) == 1
     out = capsys.readouterr().out
-    assert "SQLiteArchive  failed" in out and "WAL could not be truncated" in out
+    assert "SQLiteArchive     long tail  failed" in out and "WAL could not be truncated" in out
     assert out.splitlines()[-1].startswith("incomplete")
     reader.execute("COMMIT")
     reader.close()
-    assert main(["erase", "--state", state, "--archive", archive, "c"]) == 0
+    # Again: the rows went the first time (only the WAL stayed), so nothing is found now.
+    assert main(["erase", "--state", state, "--archive", archive, "c"]) == EXIT_NOT_FOUND
     assert leaks(stores / "archive.db", SECRET) == []
 
 

@@ -42,7 +42,9 @@ def test_search_reads_one_conversation_from_postgres(
 ) -> None:
     args = ["search", "--archive", postgres_url, "--archive-table", table]
     assert main([*args, "user-42", "locker code", "-k", "3"]) == 0
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    assert captured.err == f"demote search: read {postgres_url} (table {table})\n"
+    out = captured.out.splitlines()
     assert out[0].startswith("1. ") and "4512" in out[0]
     assert not any("9999" in line for line in out)  # the other tenant never shows
     assert main([*args, "user-42", "marmalade"]) == 0
@@ -53,7 +55,9 @@ def test_inspect_counts_every_conversation(
     postgres_url: str, table: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["inspect", "--archive", postgres_url, "--archive-table", table]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    out = capsys.readouterr().out
+    assert out.startswith(f"archive: {postgres_url} (table {table})\n")
+    rows = {line.split()[0]: line.split() for line in out.split("\n\n")[1].splitlines()[1:]}
     assert rows["user-42"][5] == "5" and rows["user-7"][5] == "5"
     secret = with_password(postgres_url, "s3cret-pw")
     code = main(["inspect", "--archive", secret, "--archive-table", table, "nobody"])

@@ -47,7 +47,9 @@ def test_inspect_shows_pending_and_says_where_the_last_error_is(tmp_path: Path) 
     write_state(tmp_path / "state.db")
     out = io.StringIO()
     inspect_stores(out, state=tmp_path / "state.db")
-    lines = out.getvalue().splitlines()
+    said, table = out.getvalue().split("\n\n", 1)
+    assert said == f"state: {tmp_path / 'state.db'} (SQLite file)"  # what it reads, first
+    lines = table.splitlines()
     header = lines[0].split()
     assert header[:5] == ["conversation", "window", "start", "watermark", "pending"]
     rows = {line.split()[0]: line.split() for line in lines[1:3]}

@@ -220,3 +220,53 @@ def test_builtin_transcript_needs_no_download() -> None:
         role, text = t.messages[said]
         assert role == "user" and q.answer is not None and q.answer.lower() in text.lower()
         assert said < 20  # early facts, asked about at the end
+
+
+def test_llamaindex_chat_store_lines_one_key_at_a_time(tmp_path: Path) -> None:
+    from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
+
+    messages = {
+        "a": [
+            ChatMessage(role="system", content="be brief"),
+            ChatMessage(role="user", content="hello"),
+            ChatMessage(role="assistant", blocks=[TextBlock(text="hi"), TextBlock(text="there")]),
+        ],
+        "b": [
+            ChatMessage(
+                role="user",
+                blocks=[TextBlock(text="b's"), ImageBlock(url="https://example.com/x.png")],
+            )
+        ],
+    }
+    lines = [
+        json.dumps({"key": key, "message": m.model_dump(mode="json")})
+        for key in ("a", "b")
+        for m in messages[key]
+    ]
+    lines.insert(2, lines.pop())  # keys interleaved, as appends of two chats are
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    first = load_transcript(path)
+    assert (first.source_format, first.name) == ("llamaindex", "a")
+    assert first.messages == (("system", "be brief"), ("user", "hello"), ("assistant", "hi\nthere"))
+    assert load_transcript(path, sample="b").messages == (("user", "b's"),)
+    with pytest.raises(TranscriptError, match="no chat store key 'c'; it has a, b"):
+        load_transcript(path, sample="c")
+
+
+def test_llamaindex_persisted_chat_store(tmp_path: Path) -> None:
+    doc = {
+        "store": {
+            "k1": [{"role": "user", "content": "one"}, {"role": "chatbot", "content": "two"}],
+            "k2": [{"role": "model", "blocks": [{"block_type": "text", "text": "three"}]}],
+        },
+        "class_name": "SimpleChatStore",
+    }
+    path = tmp_path / "store.json"
+    path.write_text(json.dumps(doc))
+    assert load_transcript(path).messages == (("user", "one"), ("assistant", "two"))
+    assert load_transcript(path, sample="k2").messages == (("assistant", "three"),)
+    doc["store"]["k1"][1] = {"role": "narrator", "content": "x"}  # type: ignore[index]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TranscriptError, match="k1 item 2: unknown role 'narrator'"):
+        load_transcript(path)

@@ -149,7 +149,8 @@ async def test_a_hung_sync_hook_from_async_loads_never_takes_the_loops_threads()
     for n in range(3):
         w = await d.aload(f"hung-{n}", _turn(0) + _turn(1), describer(d))
         assert w.pending == 2
-    assert d._delivery.runner.busy == 2, "two calls hang; the third was refused, not queued"
+    assert d._delivery.runner.busy == 2, "two calls hang; the third never ran"
+    assert d._delivery.runner.queued == 0, "it waited in the queue, then was withdrawn"
     # The application's own threads are free, and other conversations keep working as
     # long as a hook thread is: here none is, so their messages wait, pending, bounded.
     assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), 5) == 42
@@ -171,9 +172,9 @@ def test_when_every_hook_thread_is_busy_a_delivery_is_refused_and_stays_pending(
     sink.hang.set()
     d = Demoter(SlidingWindow.last_messages(2), sink, hook_timeout=0.05, hook_threads=1)
     d.load("a", _turn(0) + _turn(1), describer(d))
-    w = d.load("b", _turn(0) + _turn(1), describer(d))
+    w = d.load("b", _turn(0) + _turn(1), describer(d))  # queued, withdrawn at hook_timeout
     assert (w.start, w.pending) == (2, 2)
-    assert HookBusy.__name__ in caplog.text
+    assert HookBusy.__name__ in caplog.text and "withdrawn" in caplog.text
     sink.release.set()
 
 

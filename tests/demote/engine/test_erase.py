@@ -194,3 +194,65 @@ def test_keys_given_reach_the_tiers_with_those_derived_from_the_messages() -> No
     derived = [make_key("c", i, describer(d)(m).fingerprint) for i, m in enumerate(msgs)]
     d.erase("c", messages=msgs, describe=describer(d), keys=[derived[0], "pruned-1"])
     assert tier.erased_keys == [*derived, "pruned-1"]
+
+
+# -- what the report names -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["gate", "lease"])
+def test_the_report_names_the_state_among_the_tiers_it_touched(shared: bool) -> None:
+    store = InMemoryStateStore()
+    tier = Tier()
+    d = Demoter(LAST2, tier, state=store)
+    if shared:  # a second Demoter on the store: the erase takes the conversation's lease
+        Demoter(LAST2, tier, state=store)
+    d.load("c", chat(6), describer(d))
+    report = d.erase("c")
+    assert report.state == TierReport("InMemoryStateStore", "erased", 1, kind="state")
+    assert report.tiers == (TierReport("Tier", "erased", 4),)
+    assert report.touched == (*report.tiers, report.state), "the long tail, then the state"
+    assert report.inner is None, "the engine alone has no inner store"
+    assert report.found is True and report.complete
+
+
+def test_an_id_nothing_knew_is_reported_as_such_not_as_deleted() -> None:
+    tier = Tier()
+    d = Demoter(LAST2, tier)
+    d.load("known", chat(6), describer(d))
+    report = d.erase("never-seen-id")
+    assert report.state == TierReport("InMemoryStateStore", "erased", 0, kind="state")
+    assert report.tiers == (TierReport("Tier", "erased", 0),)
+    assert report.found is False, "every tier counted, none held it"
+    assert report.complete, "nothing is left behind: the erase itself is complete"
+    assert tier.of("known") == [0, 1, 2, 3]
+    cleared = d.erase("known")  # and one that was known
+    assert cleared.found is True and cleared.state.removed == 1
+
+
+def test_found_is_unknown_when_a_tier_cannot_count_or_cannot_erase() -> None:
+    class Uncounted(Tier):
+        def erase(self, conversation_id: str, **kw: Any) -> int | None:  # type: ignore[override]
+            super().erase(conversation_id, **kw)
+            return None
+
+    d = Demoter(LAST2, Uncounted())
+    assert d.erase("nobody").found is None, "a tier that cannot count may have held it"
+    d = Demoter(LAST2, print)
+    report = d.erase("nobody")
+    assert report.tiers == (TierReport("CallbackHook", "unsupported"),)
+    assert report.found is None and not report.complete
+
+
+def test_a_state_store_that_fails_to_delete_is_a_failed_tier_after_the_long_tail() -> None:
+    class Failing(InMemoryStateStore):
+        def delete(self, conversation_id: str) -> None:
+            raise OSError("state disk gone")
+
+    tier = Tier()
+    d = Demoter(LAST2, tier, state=Failing())
+    d.load("c", chat(6), describer(d))
+    report = d.erase("c")
+    assert report.tiers == (TierReport("Tier", "erased", 4),), "the long tail still erased"
+    assert report.state.status == "failed" and report.state.kind == "state"
+    assert "state disk gone" in (report.state.error or "")
+    assert not report.complete and report.found is True

@@ -206,3 +206,85 @@ def test_deliver_helpers_reject_objects_without_deliver() -> None:
         deliver_sync(object(), BATCH)
     with pytest.raises(ConfigError):
         asyncio.run(deliver_async(object(), BATCH))
+
+
+# -- a plain function is a hook -------------------------------------------------------------
+
+
+def test_a_plain_function_is_a_hook_called_once_per_batch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    d = Demoter(SlidingWindow.last_messages(2), print)
+    msgs = [Msg("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(6)]
+    w = d.load("user-42", msgs, describer(d))
+    assert (w.demoted, w.pending) == (4, 0)
+    assert isinstance(d.hook, CallbackHook) and d.hook.fn is print
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "Demotion of 'user-42': 4 messages (positions 0-3)",
+        "  [0] user: m0",
+        "  [1] assistant: m1",
+        "  [2] user: m2",
+        "  [3] assistant: m3",
+    ], "print shows each batch, one line per message"
+
+
+def test_a_plain_function_gets_the_batch_with_its_keys_and_a_failure_refuses_all_of_it() -> None:
+    got: list[Demotion] = []
+    fail = [True]
+
+    def keep(batch: Demotion) -> None:
+        if fail[0]:
+            raise RuntimeError("sink down")
+        got.append(batch)
+
+    d = Demoter(SlidingWindow.last_messages(2), keep, retry=Backoff(0, 0))
+    msgs = chat(6)
+    w = d.load("c", msgs, describer(d))
+    assert (w.demoted, w.pending) == (0, 4), "a raising function refuses the whole batch"
+    fail[0] = False
+    w = d.load("c", msgs, describer(d))
+    assert (w.demoted, w.pending) == (4, 0)
+    (batch,) = got
+    assert [m.index for m in batch.messages] == [0, 1, 2, 3]
+    assert len({m.key for m in batch.messages}) == 4, "each message carries its dedup key"
+    d.load("c", msgs, describer(d))
+    assert len(got) == 1, "once within a process"
+
+
+def test_an_async_function_is_a_hook_for_sync_and_async_loads() -> None:
+    got: list[tuple[str, int]] = []
+
+    async def keep(batch: Demotion) -> None:
+        await asyncio.sleep(0)
+        got.append((batch.conversation_id, len(batch)))
+
+    d = Demoter(SlidingWindow.last_messages(2), keep)
+    assert d.hook.native_async  # type: ignore[attr-defined]
+    d.load("a", chat(6), describer(d))
+    asyncio.run(d.aload("b", chat(6), describer(d)))
+    assert got == [("a", 4), ("b", 4)]
+
+
+def test_fan_out_takes_plain_functions_too() -> None:
+    log: list[str] = []
+    hook = FanOutHook(lambda b: log.append(f"first {len(b)}"), Rec("second", log))
+    hook.deliver(BATCH)
+    assert log == ["first 2", "second"]
+    assert isinstance(hook.parts()[0], CallbackHook)
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [
+        (42, "hook: 42 is neither a hook"),
+        ("archive.db", "hook: 'archive.db' is neither a hook"),
+        (CallbackHook, "hook: got the class CallbackHook, not an instance"),
+        (NoopHook, "hook: got the class NoopHook, not an instance"),
+    ],
+)
+def test_what_is_not_a_hook_is_a_config_error_naming_it(hook: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Demoter(SlidingWindow.last_messages(2), hook)
+    with pytest.raises(ConfigError, match=message):
+        FanOutHook(NoopHook(), hook)

@@ -111,9 +111,23 @@ def test_settings_are_checked() -> None:
             PostgresStateStore(url, timeout=bad)
 
 
-def test_unreachable_postgres_is_a_store_error() -> None:
-    with pytest.raises(StoreError, match="cannot reach postgres"):
-        PostgresStateStore("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2)
+def test_a_store_made_while_postgres_is_down_fails_its_calls_not_its_construction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="demote"):
+        store = PostgresStateStore("postgresql://postgres@127.0.0.1:1/test", connect_timeout=2)
+    try:
+        assert "built without it" in caplog.text and "Connection refused" in caplog.text
+        with pytest.raises(StoreError, match="postgres"):
+            store.get("a")
+    finally:
+        store.close()
+
+
+def test_a_refusal_for_good_still_raises_at_construction(postgres_url: str) -> None:
+    base = postgres_url.rsplit("/", 1)[0]
+    with pytest.raises(StoreError, match="does not exist"):
+        PostgresStateStore(f"{base}/demote_no_such_database")
 
 
 _NEVER_CLOSED = """

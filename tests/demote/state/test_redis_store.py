@@ -105,6 +105,41 @@ def test_a_sync_client_alone_serves_the_async_twins_from_threads(
         client.close()
 
 
-def test_unreachable_redis_is_a_store_error() -> None:
-    with pytest.raises(StoreError, match="cannot reach redis"):
-        RedisStateStore("redis://127.0.0.1:1/0", socket_connect_timeout=0.5, retries=1)
+def test_a_store_made_while_redis_is_down_fails_its_calls_not_its_construction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A worker whose Redis restarts at the wrong moment still boots: its calls fail
+    # like those of a store that went down later (the engine degrades those loads).
+    with caplog.at_level("WARNING", logger="demote"):
+        store = RedisStateStore("redis://127.0.0.1:1/0", socket_connect_timeout=0.5, retries=1)
+    try:
+        assert "built without it" in caplog.text and "Connection refused" in caplog.text
+        with pytest.raises(StoreError, match="ConnectionError"):
+            store.get("a")
+    finally:
+        store.close()
+
+
+def test_a_store_made_while_redis_is_down_works_once_it_answers(
+    redis_url: str, prefix: str
+) -> None:
+    from tests.support.tcp_proxy import TcpProxy
+
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with TcpProxy(port) as proxy:
+        proxy.down()
+        store = RedisStateStore(proxy.url("redis://", "/" + redis_url.rsplit("/", 1)[1]),
+                                prefix=prefix)  # fmt: skip
+        try:
+            with pytest.raises(StoreError):
+                store.get("a")
+            proxy.restore()
+            assert store.compare_and_set("a", None, S1)
+            assert store.get("a") == S1
+        finally:
+            store.close()
+
+
+def test_a_refusal_for_good_still_raises_at_construction(redis_url: str) -> None:
+    with pytest.raises(StoreError, match="DB index"):
+        RedisStateStore(redis_url.rsplit("/", 1)[0] + "/9999")

@@ -112,3 +112,26 @@ def test_result_costs_count_placeholders_and_heads() -> None:
     assert costs.saving(tiny, costs.cost(tiny)) == 0  # a placeholder would be larger
     excluded = record_of(Msg("tool", "z" * 2000, answers="a", tool="m"))
     assert costs.saving(excluded, costs.cost(excluded)) == 0
+
+
+def test_a_pasted_task_counts_clipped_once_the_window_starts_inside_its_turn() -> None:
+    task = "Fix the import error. " + "log line ok\n" * 2700 + "Then run the suite."
+    msgs = [Msg("system", "You are an agent."), Msg("user", task)]
+    for i in range(6):
+        msgs.append(Msg("assistant", f"step {i}", opens=(f"c{i}",)))
+        msgs.append(Msg("tool", f"c{i} " + "y" * 800, answers=f"c{i}", tool="shell"))
+    records = [record_of(m) for m in msgs]
+    assert records[1].tokens > 8000
+    policy = SlidingWindow.last_tokens(4000)
+    costs = ResultCosts(clip_over=2000)
+    clipped = costs.opener(records[1])
+    assert clipped < 1200 and costs.opener_clipped(records[1])
+    assert costs.cost(records[1]) == records[1].tokens, "inside the window it counts whole"
+    plans = replay(policy, records)
+    assert plans[0].opener is None and plans[0].overhang > 0, "the live question: whole"
+    for p in plans[1:]:
+        assert p.opener == 1 and p.overhang == 0 and p.size <= 4000
+    last = plans[-1]
+    assert last.size == records[0].tokens + clipped + sum(
+        r.tokens for r in records[last.window_start :]
+    )

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from demote import ConfigError, Demoter, LowWater, PerItem, SlidingWindow
 from demote.records import MessageRecord, fingerprint
 from demote.state.sqlite import SQLiteStateStore
-from demote.window.digest import DIGEST_LEAD, identifiers, make_digest
+from demote.window.digest import NOTE_LEAD, identifiers, make_digest
 from demote.window.tokens import approximate_tokens
 from tests.strategies import Msg, agent_histories, record_of
 
@@ -102,18 +102,27 @@ def _tool(text: str) -> MessageRecord:
     return MessageRecord("tool", text, fingerprint("tool", text), approximate_tokens(text))
 
 
+def _saw(note: str) -> list[str]:
+    """The identifiers of a note's result lines, in order (labels and keys left out)."""
+    out = []
+    for line in note.split("\n"):
+        if line.startswith("["):
+            out += list(identifiers(line.partition("] ")[2]))
+    return out
+
+
 def test_digest_is_newest_first_deduplicated_and_within_budget() -> None:
     dropped = [
         _tool("opened /a/first.py and id_0001"),
-        MessageRecord("assistant", "call /a/skip.py", "f", 3),  # only tool results count
+        MessageRecord("assistant", "call /a/skip.py", "f", 3),  # its text is not a result
         _tool("opened /a/second.py and id_0001 again"),
     ]
     digest = make_digest(None, dropped, 200, approximate_tokens)
-    assert digest is not None and digest.startswith(DIGEST_LEAD)
-    assert digest[len(DIGEST_LEAD) :].split(" ") == ["/a/second.py", "id_0001", "/a/first.py"]
+    assert digest is not None and digest.startswith(NOTE_LEAD)
+    assert _saw(digest) == ["/a/second.py", "id_0001", "/a/first.py"]
     again = make_digest(digest, [_tool("wrote /b/third.py")], 200, approximate_tokens)
     assert again is not None
-    assert again[len(DIGEST_LEAD) :].split(" ")[:2] == ["/b/third.py", "/a/second.py"]
+    assert _saw(again)[:2] == ["/b/third.py", "/a/second.py"]
 
 
 def test_digest_budget_keeps_the_newest_and_nothing_new_keeps_the_old() -> None:
@@ -121,7 +130,7 @@ def test_digest_budget_keeps_the_newest_and_nothing_new_keeps_the_old() -> None:
     digest = make_digest(None, many, 120, approximate_tokens)
     assert digest is not None
     assert approximate_tokens(digest) <= 120
-    kept = digest[len(DIGEST_LEAD) :].split(" ")
+    kept = _saw(digest)
     assert kept[0] == "/src/module_0499.py"
     assert "/src/module_0000.py" not in kept
     assert make_digest(digest, [_tool("no identifiers here at all")], 120, approximate_tokens) == (
@@ -194,7 +203,7 @@ def test_a_cut_drops_steps_leaves_their_identifiers_and_goes_well_below_the_limi
             window = demoter.load("c", records[:end], lambda r: r)
             starts.append(window.start)
         assert window.opener is not None and window.opener.text == records[0].text
-        assert window.summary is not None and window.summary.startswith(DIGEST_LEAD)
+        assert window.summary is not None and window.summary.startswith(NOTE_LEAD)
         assert "/src/pkg/mod_000.py" not in [r.text for r in window.messages]
         dropped = [i for i in range(40) if 2 * i + 1 < window.start]
         assert dropped and f"/src/pkg/mod_{dropped[-1]:03d}.py" in window.summary
@@ -224,7 +233,7 @@ def test_a_restarted_process_sends_the_same_window_and_digest(tmp_path: Path) ->
             before = first.load("c", records[:end], lambda r: r)
     finally:
         first.close()
-    assert before.summary is not None and before.summary.startswith(DIGEST_LEAD)
+    assert before.summary is not None and before.summary.startswith(NOTE_LEAD)
     again = Demoter(policy, state=SQLiteStateStore(tmp_path / "state.db"))
     try:
         after = again.load("c", records[: len(records) - 1], lambda r: r)
@@ -254,8 +263,35 @@ def test_a_hostile_tool_result_leaves_a_digest_within_its_budget() -> None:
         for end in range(2, len(records) + 1):
             window = demoter.load("c", records[:end], lambda r: r)
             if window.summary is not None:
-                assert approximate_tokens(window.summary) <= int(limit * 0.1)
+                assert approximate_tokens(window.summary) <= int(limit * LowWater().digest)
                 assert blob not in window.summary
         assert window.summary is not None and "/päth/ünï/cödé_1.py" in window.summary
+    finally:
+        demoter.close()
+
+
+def test_a_cut_whose_newest_step_fills_the_limit_leaves_the_note_out() -> None:
+    """Only what cannot be cut may stand over the limit: the note can be cut."""
+    records = _agent_run(60)
+    limit = 1000
+    demoter = Demoter(SlidingWindow.last_tokens(limit))
+    try:
+        for end in range(2, len(records) + 1):
+            window = demoter.load("c", records[:end], lambda r: r)
+        assert window.summary is not None  # cuts left a note
+        # A newest step that, with the opener, leaves the note no room.
+        big = [
+            *records,
+            record_of(Msg("assistant", "thinking " * 420, opens=("big",))),
+            record_of(Msg("tool", "ok", answers="big")),
+        ]
+        window = demoter.load("c", big, lambda r: r)
+        rest = sum(r.tokens for r in window.messages) + window.opener.tokens  # type: ignore[union-attr]
+        assert rest <= limit
+        note = 0 if window.summary is None else approximate_tokens(window.summary) + 24
+        assert rest + note <= limit + 16, "the note made the request go over"
+        # The next call, the same step still newest: nothing changes, nothing goes over.
+        again = demoter.load("c", big, lambda r: r)
+        assert again.summary == window.summary and again.start == window.start
     finally:
         demoter.close()

@@ -1,7 +1,7 @@
 """The steps a PostgreSQL archive's operation yields: a database flow, or a model call.
 
 Each operation of :class:`~demote.archive.postgres.PostgresArchive` is written once, as a
-generator of these steps (:data:`Steps`); :func:`demote.backends.flow.drive_sync` runs it
+flow (:data:`demote.flow.Flow`) of these steps; :func:`demote.flow.drive_sync` runs it
 with ``run_sync`` and ``drive_async`` with ``run_async``, so the sync and async methods
 share one body.
 """
@@ -9,15 +9,15 @@ share one body.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from demote.archive._pg_flows import Flow, aexecute, execute
 from demote.archive.embeddings import Embedder
+from demote.archive.postgres._flows import SqlFlow, aexecute, execute
 from demote.backends.postgres import Pools
 
-__all__ = ["Db", "Embed", "Steps"]
+__all__ = ["Db", "Embed", "Prepare"]
 
 T = TypeVar("T")
 _LABEL = "postgres archive"
@@ -25,17 +25,34 @@ _LABEL = "postgres archive"
 
 @dataclass(frozen=True, slots=True)
 class Db:
-    """An operation (:mod:`demote.backends.flow`): a database flow on a pooled connection."""
+    """An operation (:mod:`demote.flow`): a database flow on a pooled connection.
+
+    ``make`` makes the flow: each attempt runs a fresh one (a flow is a generator, spent
+    by a try that failed; the pools try again once a missing table is made again).
+    """
 
     pools: Pools
-    flow: Flow[Any]
+    make: Callable[[], SqlFlow[Any]]
     write: bool = False
 
     def run_sync(self) -> Any:
-        return self.pools.run(lambda conn: execute(conn, self.flow, self.write), _LABEL)
+        return self.pools.run(lambda conn: execute(conn, self.make(), self.write), _LABEL)
 
     async def run_async(self) -> Any:
-        return await self.pools.arun(lambda conn: aexecute(conn, self.flow, self.write), _LABEL)
+        return await self.pools.arun(lambda conn: aexecute(conn, self.make(), self.write), _LABEL)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """An operation: make or check the tables now, if the server was out of reach so far."""
+
+    pools: Pools
+
+    def run_sync(self) -> None:
+        self.pools.prepare(_LABEL)
+
+    async def run_async(self) -> None:
+        await self.pools.aprepare(_LABEL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +72,3 @@ class Embed:
         if self.documents is not None:
             return await asyncio.to_thread(self.model.embed_documents, self.documents)
         return await self.model.aembed_query(self.query)
-
-
-#: An operation's steps, run by :func:`demote.backends.flow.drive_sync` or ``drive_async``.
-Steps = Generator[Db | Embed, Any, T]

@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from demote.archive import _entities, _erasure, _lexical, _schema, _vectors
+from demote.archive import _entities, _erasure, _lexical, _options, _schema, _vectors
 from demote.archive._options import ContextFn
+from demote.kit import data_by_reference
 from demote.records import DemotedMessage, searchable_text, storable_text
-from demote.window._media import data_by_reference
 
 __all__ = ["Row", "row", "store", "store_model", "store_vectors", "unembedded"]
 
@@ -44,11 +44,7 @@ def row(
     media: Literal["reference", "bytes"],
 ) -> Row:
     """``message`` as a row of ``conversation_id`` (``context_fn`` gives its context)."""
-    context = context_fn(message) if context_fn is not None else None
-    speaker = ""
-    if isinstance(context, Mapping):
-        speaker = str(context.get("speaker") or "")
-        context = " ".join(str(v) for v in context.values() if v)
+    context, speaker = _options.describe(context_fn, message)
     data = message.data
     if data is not None and media == "reference":
         data = data_by_reference(data)
@@ -58,7 +54,7 @@ def row(
         int(message.index),
         str(message.role),
         text,
-        storable_text(context or ""),
+        storable_text(context),
         str(message.key),
         scope,
         storable_text(speaker),

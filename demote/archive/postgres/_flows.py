@@ -16,15 +16,15 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from demote.archive import _schema, _vectors
-from demote.archive._pg_statements import Statements
 from demote.archive._search import scope
+from demote.archive.postgres._statements import Statements
 from demote.backends.postgres import atransaction, transaction
 from demote.errors import FencedOut
 from demote.records import Recalled
 
 __all__ = [
-    "Flow",
     "Row",
+    "SqlFlow",
     "Stmt",
     "aexecute",
     "check_model",
@@ -56,11 +56,12 @@ class Stmt(NamedTuple):
     prepare: bool | None = None
 
 
-#: An operation: yields statements, is sent their rows, returns its result.
-Flow = Generator[Stmt, Rows, T]
+#: An operation on one connection: yields statements, is sent their rows, returns its
+#: result. Not a :data:`demote.flow.Flow`: it runs inside one (a ``_ops.Db``).
+SqlFlow = Generator[Stmt, Rows, T]
 
 
-def execute(conn: Any, flow: Flow[T], write: bool) -> T:
+def execute(conn: Any, flow: SqlFlow[T], write: bool) -> T:
     """Run ``flow`` on a sync psycopg connection (in a transaction when ``write``)."""
     with transaction(conn, write):
         rows: Any = None
@@ -73,7 +74,7 @@ def execute(conn: Any, flow: Flow[T], write: bool) -> T:
             rows = cur.fetchall() if cur.description else []
 
 
-async def aexecute(conn: Any, flow: Flow[T], write: bool) -> T:
+async def aexecute(conn: Any, flow: SqlFlow[T], write: bool) -> T:
     """:func:`execute` on an async psycopg connection."""
     async with atransaction(conn, write):
         rows: Any = None
@@ -119,7 +120,7 @@ def deliver(
     fence: int | None,
     vectors: Mapping[str, list[float]],
     model: str,
-) -> Flow[int]:
+) -> SqlFlow[int]:
     """Store ``rows`` (known keys are skipped) with their ``vectors``; how many were new.
 
     Raises:
@@ -151,7 +152,7 @@ def deliver(
 
 def store_vectors(
     st: Statements, embedded: Sequence[tuple[int, list[float]]], model: str
-) -> Flow[None]:
+) -> SqlFlow[None]:
     """Store each stored message's vector (normalised); refuse other dimensions.
 
     Raises:
@@ -174,7 +175,7 @@ def store_vectors(
     yield Stmt(st.insert_vectors, {"ids": ids, "flat": flat, "dims": dims})
 
 
-def erase(st: Statements, conversation_id: str, fence: int | None) -> Flow[int]:
+def erase(st: Statements, conversation_id: str, fence: int | None) -> SqlFlow[int]:
     """Delete the conversation's messages, vectors and statistics; remember ``fence``."""
     ids = _ids(conversation_id)
     yield Stmt(st.lock, {"lock": lock_key(st.layout.table, ids["scope"])})
@@ -182,7 +183,7 @@ def erase(st: Statements, conversation_id: str, fence: int | None) -> Flow[int]:
     return int(deleted)
 
 
-def has_keys(st: Statements, conversation_id: str, keys: list[str]) -> Flow[set[str]]:
+def has_keys(st: Statements, conversation_id: str, keys: list[str]) -> SqlFlow[set[str]]:
     """Which of ``keys`` are stored for the conversation."""
     if not keys:
         return set()
@@ -190,7 +191,7 @@ def has_keys(st: Statements, conversation_id: str, keys: list[str]) -> Flow[set[
     return {key for (key,) in rows}
 
 
-def messages(st: Statements, conversation_id: str) -> Flow[list[Recalled]]:
+def messages(st: Statements, conversation_id: str) -> SqlFlow[list[Recalled]]:
     """Every stored message of the conversation, in index order, whole where known."""
     rows = yield Stmt(st.messages, _ids(conversation_id))
     return [
@@ -200,8 +201,8 @@ def messages(st: Statements, conversation_id: str) -> Flow[list[Recalled]]:
 
 
 def with_data(
-    st: Statements, conversation_id: str, found: Flow[list[Recalled]]
-) -> Flow[list[Recalled]]:
+    st: Statements, conversation_id: str, found: SqlFlow[list[Recalled]]
+) -> SqlFlow[list[Recalled]]:
     """The messages ``found`` returns, each with its whole form and archive time.
 
     One more statement on the same connection (and snapshot) as the search itself.
@@ -219,7 +220,7 @@ def with_data(
     return out
 
 
-def count(st: Statements, conversation_id: str | None) -> Flow[int]:
+def count(st: Statements, conversation_id: str | None) -> SqlFlow[int]:
     """Messages stored in the conversation, or in all of them."""
     if conversation_id is None:
         rows = yield Stmt(st.count_all)
@@ -228,13 +229,13 @@ def count(st: Statements, conversation_id: str | None) -> Flow[int]:
     return int(rows[0][0])
 
 
-def conversations(st: Statements) -> Flow[list[str]]:
+def conversations(st: Statements) -> SqlFlow[list[str]]:
     """The ids of every conversation with stored messages, sorted by code point."""
     rows = yield Stmt(st.conversations)
     return [cid for (cid,) in rows]
 
 
-def check_model(st: Statements, name: str, dims: int | None, reembed: bool) -> Flow[bool]:
+def check_model(st: Statements, name: str, dims: int | None, reembed: bool) -> SqlFlow[bool]:
     """Compare the archive's model with the stored vectors' (at open); ``True``: cleared.
 
     Raises:
@@ -255,7 +256,7 @@ def check_model(st: Statements, name: str, dims: int | None, reembed: bool) -> F
     return changed
 
 
-def fetch(st: Statements, conversation_id: str, key: str) -> Flow[dict[str, Any] | None]:
+def fetch(st: Statements, conversation_id: str, key: str) -> SqlFlow[dict[str, Any] | None]:
     """The columns of the message of ``conversation_id`` under ``key`` (``None``: none)."""
     rows = yield Stmt(
         st.fetch, {"scope": scope(conversation_id), "cid": conversation_id, "key": key}
@@ -263,6 +264,6 @@ def fetch(st: Statements, conversation_id: str, key: str) -> Flow[dict[str, Any]
     return dict(rows[0][0]) if rows else None
 
 
-def unembedded(st: Statements, n: int) -> Flow[Rows]:
+def unembedded(st: Statements, n: int) -> SqlFlow[Rows]:
     """Up to ``n`` stored messages without a vector: ``(id, text, speaker)``."""
     return (yield Stmt(st.unembedded, {"n": n}))

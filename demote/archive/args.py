@@ -1,8 +1,10 @@
-"""The checks every archive and recall helper applies to its arguments, written once.
+"""The checks every archive and recall source applies to its arguments, written once.
 
-The SQLite and PostgreSQL archives, the LangChain retriever and the mem0 recall take the
-same arguments (a query, ``k``, a token budget, keys, ranking weights); each is checked
-here, so a bad value gets the same typed error, naming the argument, wherever it is given.
+The SQLite and PostgreSQL archives, the adapters' stores and retrievers and the mem0
+recall take the same arguments (a query, ``k``, a token budget, keys, a fence, ranking
+weights); each is checked here, so a bad value gets the same typed error, naming the
+argument, wherever it is given. Public: a hook or recall source of your own (and the
+adapters, see :mod:`demote.kit`) checks its arguments with these.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 PostgreSQL text cannot hold NUL, so :func:`text` turns it (and lone surrogates) into
 U+FFFD; :func:`row` does so for every column, keeps the media of the whole message by
 reference unless ``media="bytes"``, and adds the words indexed for the text and context
-(:func:`demote.archive._pg_text.index_words`).
+(:func:`demote.archive.postgres._text.index_words`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Literal
 
 from demote.archive import _options, _schema
-from demote.archive._pg_flows import Row
-from demote.archive._pg_text import index_words
+from demote.archive.postgres._flows import Row
+from demote.archive.postgres._text import index_words
+from demote.kit import data_by_reference
 from demote.records import DemotedMessage, searchable_text, storable_text
-from demote.window._media import data_by_reference
 
 __all__ = ["row", "text"]
 

@@ -5,10 +5,11 @@ external-content FTS5 index over ``messages``, kept in step by triggers, so the 
 stored once. ``scope`` is a hex digest of the conversation id, indexed as one token: a
 search matches ``scope`` *and* the query, so FTS5 itself narrows the posting lists to one
 conversation, and the join on ``conversation_id`` keeps that strict. Conversation ids only
-travel as bound parameters. ``context`` is an optional per-message string (a speaker, a
-date) from the ``context`` callable; it is indexed with its own weight but never
-returned. ``adjacent`` indexes the text of the messages just before and after each one,
-with a small weight. ``conversations`` and ``terms`` hold each conversation's message
+travel as bound parameters. ``context`` is a per-message string (a speaker, a date) from
+the ``context`` callable (by default the speaker and date the message carries:
+:mod:`demote.archive.context`); it is indexed with its own weight but never returned.
+``adjacent`` indexes the text of the messages just before and after each one, with a
+small weight. ``conversations`` and ``terms`` hold each conversation's message
 count and, per index token, how many of its messages contain it (in the text; in the text
 or context); :meth:`SQLiteArchive.deliver` keeps them in step in its transaction, so a
 search reads statistics instead of counting.
@@ -37,17 +38,14 @@ from typing import Unpack
 from demote._closing import Closing
 from demote._validate import count, file_path, seconds
 from demote.archive import (
-    _args,
     _erasure,
     _options,
     _search,
-    _sqlite_guard,
-    _sqlite_open,
-    _sqlite_reads,
-    _sqlite_writes,
     _vectors,
+    args,
 )
 from demote.archive.options import ArchiveKeywords, ArchiveOptions
+from demote.archive.sqlite import _guard, _open, _reads, _writes
 from demote.backends.sqlite_kind import connect
 from demote.backends.wal import truncate_wal
 from demote.errors import ArgumentTypeError, ConfigError, StoreError
@@ -139,7 +137,7 @@ class SQLiteArchive(Closing):
         timeout = seconds("timeout", timeout)
         if not isinstance(entities, bool):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
-        lift = _args.weight("entity_weight", entity_weight)
+        lift = args.weight("entity_weight", entity_weight)
         self._searcher = _options.searcher(self.options, entity_weight=lift if entities else 0.0)
         self._entities = entities
         self._media = self.options.media
@@ -151,9 +149,9 @@ class SQLiteArchive(Closing):
             self._db = connect(target, timeout, read_only=read_only)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open archive {target!r}: {exc}") from exc
-        self._guard = _sqlite_guard.Guarded(self._db, read_only)
+        self._guard = _guard.Guarded(self._db, read_only)
         try:
-            cleared = _sqlite_open.prepare(
+            cleared = _open.prepare(
                 self._db,
                 target,
                 timeout,
@@ -196,10 +194,10 @@ class SQLiteArchive(Closing):
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         conversation_id = validate_conversation_id(batch.conversation_id)
-        fence = _args.fence(batch.fence)
+        fence = args.fence(batch.fence)
         scope = _search.scope(conversation_id)
         rows = [
-            _sqlite_writes.row(conversation_id, scope, m, self._context, self._media)
+            _writes.row(conversation_id, scope, m, self._context, self._media)
             for m in batch.messages
         ]
         if not rows:
@@ -218,7 +216,7 @@ class SQLiteArchive(Closing):
                 dims = len(embedded[0])
         model = (self._embedder.name if self._embedder is not None else "", dims)
         with self._guard.transaction("store a demotion") as db:
-            _sqlite_writes.store(db, conversation_id, rows, fence, vectors, model, self._entities)
+            _writes.store(db, conversation_id, rows, fence, vectors, model, self._entities)
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -237,14 +235,14 @@ class SQLiteArchive(Closing):
         done = 0
         while True:
             with self._guard.locked("read messages to embed") as db:
-                rows = _sqlite_writes.unembedded(db, batch_size)
+                rows = _writes.unembedded(db, batch_size)
             if not rows:
                 return done
             embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
             with self._guard.transaction("store vectors") as db:
-                _sqlite_writes.store_vectors(db, rows, packed)
-                _sqlite_writes.store_model(db, embedder.name, len(embedded[0]))
+                _writes.store_vectors(db, rows, packed)
+                _writes.store_model(db, embedder.name, len(embedded[0]))
             done += len(rows)
 
     # -- recall -------------------------------------------------------------------------
@@ -307,7 +305,7 @@ class SQLiteArchive(Closing):
 
     def _lookup(self, request: _search.Request, vector: Sequence[float] | None) -> list[Recalled]:
         with self._guard.locked("search the archive") as db:
-            return _sqlite_reads.lookup(db, self._searcher, request, vector)
+            return _reads.lookup(db, self._searcher, request, vector)
 
     # -- reading and housekeeping -------------------------------------------------------
 
@@ -319,14 +317,14 @@ class SQLiteArchive(Closing):
         """
         conversation_id = validate_conversation_id(conversation_id)
         with self._guard.locked("read the archive") as db:
-            return _sqlite_reads.messages(db, conversation_id)
+            return _reads.messages(db, conversation_id)
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""
         with self._guard.locked("count archived messages") as db:
             if conversation_id is not None:
                 conversation_id = validate_conversation_id(conversation_id)
-            return _sqlite_reads.count(db, conversation_id)
+            return _reads.count(db, conversation_id)
 
     def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are stored for ``conversation_id``.
@@ -334,14 +332,14 @@ class SQLiteArchive(Closing):
         The engine asks this after a history rewrite, to skip messages already archived.
         """
         conversation_id = validate_conversation_id(conversation_id)
-        wanted = _args.keys(keys)
+        wanted = args.keys(keys)
         with self._guard.locked("look up archived keys") as db:
-            return _sqlite_reads.has_keys(db, conversation_id, wanted)
+            return _reads.has_keys(db, conversation_id, wanted)
 
     def conversations(self) -> list[str]:
         """The ids of every conversation with stored messages, sorted."""
         with self._guard.locked("list archived conversations") as db:
-            return _sqlite_reads.conversations(db)
+            return _reads.conversations(db)
 
     def erase(
         self, conversation_id: str, *, fence: int | None = None, keys: Sequence[str] | None = None
@@ -370,7 +368,7 @@ class SQLiteArchive(Closing):
                 the WAL until the next checkpoint; erase again to retry.
         """
         conversation_id = validate_conversation_id(conversation_id)
-        fence = _args.fence(fence)
+        fence = args.fence(fence)
         with self._guard.transaction("erase a conversation") as db:
             removed = _erasure.erase_rows(db, conversation_id, fence)
         self._searcher.vectors.forget(conversation_id)
@@ -417,7 +415,7 @@ class SQLiteArchive(Closing):
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
         with self._guard.locked("fetch an archived message") as db:
-            columns = _sqlite_reads.row_by_key(db, conversation_id, storable_text(key))
+            columns = _reads.row_by_key(db, conversation_id, storable_text(key))
         return None if columns is None else recalled_from_columns(columns)
 
     async def afetch(self, conversation_id: str, key: str) -> Recalled | None:

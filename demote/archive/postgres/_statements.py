@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from demote.archive._pg_schema import Layout
+from demote.archive.postgres._schema import Layout
 
 __all__ = ["Statements"]
 

@@ -176,9 +176,15 @@ def detect(conn: Any) -> str | None:
 
 def _stored(conn: Any, table: str) -> tuple[int | None, str | None]:
     """The table's schema version and vector storage (``None``: no archive there)."""
-    if not conn.execute(f"SELECT to_regclass('{table}_meta') IS NOT NULL").fetchone()[0]:
+    meta, settings = conn.execute(
+        f"SELECT to_regclass('{table}_meta') IS NOT NULL, "
+        f"to_regclass('{table}_settings') IS NOT NULL"
+    ).fetchone()
+    if not meta:
         return None, None
     (version,) = conn.execute(f"SELECT version FROM {table}_meta").fetchone()
+    if not settings:  # dropped since: repair makes it again
+        return int(version), None
     row = conn.execute(
         f"SELECT value FROM {table}_settings WHERE name = 'vector_storage'"
     ).fetchone()
@@ -221,8 +227,14 @@ def _check_foreign(conn: Any, table: str) -> None:
             )
 
 
-def migrate(conn: Any, table: str, option: VectorsOption, read_only: bool) -> Layout:
+def migrate(
+    conn: Any, table: str, option: VectorsOption, read_only: bool, repair: bool = False
+) -> Layout:
     """Create or check the archive's tables on ``conn``; returns their layout.
+
+    With ``repair`` (a table or text search object was found missing), every idempotent
+    statement runs even if the recorded version is current, so whatever was dropped is
+    made again as at first use.
 
     Raises:
         StoreError: The table is newer than this code, or (``read_only``) missing or
@@ -242,16 +254,18 @@ def migrate(conn: Any, table: str, option: VectorsOption, read_only: bool) -> La
             else f"table {table!r} has archive schema {version}: open it once for writing to "
             f"migrate it to {VERSION}"
         )
-    if version == VERSION:
+    if version == VERSION and not repair:
         return Layout(table, storage_for(option, stored, detect(conn)))
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"demote-archive:{table}",))
         version, stored = _stored(conn, table)  # another worker may have made it meanwhile
         layout = Layout(table, storage_for(option, stored, detect(conn)))
-        if version == VERSION:
+        if version == VERSION and not repair:
             return layout
         if version is None:  # nothing of demote's recorded there: is the table another's?
             _check_foreign(conn, table)
+        missing = _missing(conn, table) if repair and version is not None else set()
+        _drop_dependents(conn, table, missing)
         if not _exists(conn, "pg_ts_dict", "dictname", f"{table}_porter"):
             conn.execute(
                 f"CREATE TEXT SEARCH DICTIONARY {table}_porter "
@@ -261,4 +275,68 @@ def migrate(conn: Any, table: str, option: VectorsOption, read_only: bool) -> La
             conn.execute(f"CREATE TEXT SEARCH CONFIGURATION {table}_fts (COPY = pg_catalog.simple)")
         for statement in layout.ddl():
             conn.execute(statement)
+        if missing - {""} and "" not in missing:
+            _recount(conn, table)
     return layout
+
+
+#: The tables that describe the messages table (suffixes): made again from it.
+_DERIVED = ("_conversations", "_terms", "_speakers", "_vectors")
+
+
+def _missing(conn: Any, table: str) -> set[str]:
+    """The suffixes of the messages table and the tables describing it that are missing."""
+    names = ("", *_DERIVED)
+    found = conn.execute(
+        "SELECT " + ", ".join(f"to_regclass('{table}{s}') IS NULL" for s in names)
+    ).fetchone()
+    return {suffix for suffix, gone in zip(names, found, strict=True) if gone}
+
+
+def _drop_dependents(conn: Any, table: str, missing: set[str]) -> None:
+    """Before a repair's DDL: drop what described a table that is gone, to be made anew.
+
+    The messages gone, their statistics and vectors go too (the archive starts over as at
+    first use; the erase fences and settings stay). The conversations gone, the term and
+    speaker rows that pointed at them go (they are counted again from the messages).
+    A ``DROP ... CASCADE`` by the operator also took these tables' foreign keys; made
+    anew, they have them again.
+    """
+    gone: tuple[str, ...]
+    if "" in missing:
+        gone = ("_vectors", "_terms", "_speakers", "_conversations")
+    elif "_conversations" in missing:
+        gone = ("_terms", "_speakers")
+    else:
+        return
+    for suffix in gone:
+        conn.execute(f"DROP TABLE IF EXISTS {table}{suffix}")
+
+
+def _recount(conn: Any, table: str) -> None:
+    """Count every conversation's statistics again from its messages (after a repair)."""
+    t = table
+    for statement in (
+        f"TRUNCATE {t}_terms, {t}_speakers",
+        f"INSERT INTO {t}_conversations (scope, conversation_id) SELECT scope, "
+        f"min(conversation_id) FROM {t} GROUP BY scope ON CONFLICT (scope) DO NOTHING",
+        f"UPDATE {t}_conversations c SET messages = s.n, tokens = s.tokens FROM (SELECT "
+        f"scope, count(*) AS n, sum(tokens) AS tokens FROM {t} GROUP BY scope) s "
+        "WHERE c.scope = s.scope",
+        f"INSERT INTO {t}_terms (conversation, term, in_text, in_any, in_adj, in_all) "
+        "SELECT c.id, u.lexeme, sum(('A' = ANY(u.weights))::int), "
+        "sum((u.weights && '{A,B}')::int), sum((u.weights && '{A,C}')::int), "
+        f"sum((u.weights && '{{A,B,C}}')::int) FROM {t} m JOIN {t}_conversations c "
+        "ON c.scope = m.scope, unnest(m.tsv) AS u GROUP BY c.id, u.lexeme "
+        "HAVING sum((u.weights && '{A,B,C}')::int) > 0",
+        f"INSERT INTO {t}_speakers (conversation, speaker) SELECT DISTINCT c.id, m.speaker "
+        f"FROM {t} m JOIN {t}_conversations c ON c.scope = m.scope WHERE m.speaker <> ''",
+        f"UPDATE {t}_vectors v SET conversation = c.id FROM {t} m JOIN {t}_conversations c "
+        "ON c.scope = m.scope WHERE v.message = m.id AND v.conversation <> c.id",
+        f"UPDATE {t}_conversations c SET vectors = coalesce(s.n, 0), "
+        "vector_seq = greatest(c.vector_seq, coalesce(s.top, 0)) FROM (SELECT x.id, "
+        "count(v.seq) AS n, max(v.seq) AS top FROM "
+        f"{t}_conversations x LEFT JOIN {t}_vectors v ON v.conversation = x.id "
+        "GROUP BY x.id) s WHERE c.id = s.id",
+    ):
+        conn.execute(statement)

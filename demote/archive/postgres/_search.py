@@ -9,7 +9,7 @@ answers from SQLite, so both archives rank the same candidates the same way:
    lexemes with their document frequencies.
 2. :func:`~demote.archive._lexical.pick_terms` chooses the terms matched (rarest first,
    within ``MATCH_BUDGET`` messages), and one statement returns the best ``pool``
-   candidates by BM25 (:mod:`demote.archive._pg_statements` gives the formula), which
+   candidates by BM25 (:mod:`demote.archive.postgres._statements` gives the formula), which
    query terms each contains (for coverage), and the replies to the questions among them.
 3. The pure functions of :mod:`demote.archive._rank` score them; nearest vectors (a cached
    matrix scanned with numpy for ``real[]``, an exact ``<=>`` scan for pgvector) and the
@@ -27,10 +27,10 @@ from typing import Any, NamedTuple
 
 from demote.archive import _rank, _vectors
 from demote.archive._lexical import MATCH_BUDGET, pick_terms
-from demote.archive._pg_flows import Flow, Stmt
-from demote.archive._pg_statements import Statements
-from demote.archive._pg_text import fold, literal, term_query, weights_of
 from demote.archive._search import Dense, Entities, Lexical, Request, Searcher, Speakers, scope
+from demote.archive.postgres._flows import SqlFlow, Stmt
+from demote.archive.postgres._statements import Statements
+from demote.archive.postgres._text import fold, literal, term_query, weights_of
 from demote.errors import EmbeddingModelChanged, StoreError
 from demote.records import Recalled
 
@@ -88,7 +88,7 @@ def search(
     request: Request,
     vector: Sequence[float] | None,
     matrices: Matrices,
-) -> Flow[list[Recalled]]:
+) -> SqlFlow[list[Recalled]]:
     """Run ``request`` (with the query's ``vector``) against the archive's tables."""
     cid = request.conversation_id
     ids = {"scope": scope(cid), "cid": cid}
@@ -123,7 +123,7 @@ def _lexical(
     stats: _Stats,
     need: Lexical,
     asked: Sequence[str],
-) -> Flow[tuple[dict[int, float], list[_rank.Candidate]]]:
+) -> SqlFlow[tuple[dict[int, float], list[_rank.Candidate]]]:
     weights, pool, coverage_weight, neighbours = ranking[:4]
     terms = need.terms
     # The statistics hold the request's terms; a sub-query's terms are some of them.
@@ -186,7 +186,7 @@ def _lexical(
 
 def _dense(
     st: Statements, stats: _Stats, need: Dense, matrices: Matrices
-) -> Flow[dict[int, float]]:
+) -> SqlFlow[dict[int, float]]:
     if stats.dims is None:
         return {}
     if len(need.vector) != stats.dims:
@@ -249,7 +249,7 @@ class Matrices:
         with self._lock:
             self._cache.clear()
 
-    def load(self, st: Statements, stats: _Stats) -> Flow[tuple[Any, Any]]:
+    def load(self, st: Statements, stats: _Stats) -> SqlFlow[tuple[Any, Any]]:
         """The conversation's ``(indexes, matrix)``, read only where the cache is stale."""
         np = _vectors.numpy()
         with self._lock:

@@ -17,7 +17,7 @@ Where the two can answer differently (everything else is the same):
 - **BM25's statistics.** FTS5 computes IDF and the average length over the whole file
   (every conversation in it); this archive over the conversation searched. With one
   conversation per archive the scores agree; with many, a conversation's ranking here
-  does not depend on the others' messages (:mod:`demote.archive._pg_statements`).
+  does not depend on the others' messages (:mod:`demote.archive.postgres._statements`).
 - **Stemming.** Snowball's ``porter`` stemmer here, FTS5's own implementation of the same
   Porter algorithm there; they agree on English words of three letters or more (FTS5
   leaves shorter ones unstemmed: "us" stays "us" there, becomes "u" here, so the document
@@ -39,28 +39,29 @@ For a fleet: connections are pooled (a ``psycopg_pool`` pool, one async pool per
 loop), every operation has a client-side deadline and a server-side ``statement_timeout``,
 a connection whose server went away is replaced (``Pools`` of
 :mod:`demote.backends.postgres`), the schema
-is versioned and migrated under an advisory lock (:mod:`demote.archive._pg_schema`), writes
+is versioned and migrated under an advisory lock (:mod:`demote.archive.postgres._schema`), writes
 to one conversation are serialised by a transaction-scoped advisory lock, conversation ids
 are only ever bound parameters, and every statement is scoped to one conversation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, Unpack
 
 from demote._closing import Closing
-from demote.archive import _args, _options, _pg_flows, _pg_rows, _pg_schema, _pg_search, _pg_writes
-from demote.archive._pg_flows import Flow
-from demote.archive._pg_ops import Db, Embed, Steps
-from demote.archive._pg_statements import Statements
+from demote.archive import _options, args
 from demote.archive.embeddings import Embedder
 from demote.archive.options import ArchiveKeywords, ArchiveOptions
-from demote.backends.flow import drive_async, drive_sync
+from demote.archive.postgres import _flows, _rows, _schema, _search, _writes
+from demote.archive.postgres._flows import SqlFlow
+from demote.archive.postgres._ops import Db, Embed, Prepare
+from demote.archive.postgres._statements import Statements
 from demote.backends.postgres import Pools, table_name
 from demote.errors import ArgumentTypeError, StoreError
+from demote.flow import Flow, drive_async, drive_sync
 from demote.records import Demotion, Recalled
-from demote.state._codec import storable_id
+from demote.state.base import validate_conversation_id
 
 __all__ = ["PostgresArchive"]
 
@@ -154,21 +155,22 @@ class PostgresArchive(Closing):
         self._media = self.options.media
         self._context = self.options.context
         on_model_change = self.options.on_model_change
-        _pg_schema.check_option(vectors)
+        _schema.check_option(vectors)
         self.table = table
         self.read_only = read_only
         self._embedder, dims = _options.model_parts(self.options)
-        self._matrices = _pg_search.Matrices()
+        self._matrices = _search.Matrices()
         self._st: Statements
-        cleared: list[bool] = []
+        self._cleared = False  # the model changed: the vectors are to be embedded again
 
-        def setup(conn: Any) -> None:
-            layout = _pg_schema.migrate(conn, table, vectors, read_only)
+        def setup(conn: Any, repair: bool) -> None:
+            layout = _schema.migrate(conn, table, vectors, read_only, repair)
             self._st = Statements(layout)
             if self._embedder is not None:
                 reembed = on_model_change == "reembed" and not read_only
-                check = _pg_flows.check_model(self._st, self._embedder.name, dims, reembed)
-                cleared.append(_pg_flows.execute(conn, check, write=True))
+                check = _flows.check_model(self._st, self._embedder.name, dims, reembed)
+                if _flows.execute(conn, check, write=True):
+                    self._cleared = True
 
         self._pools = Pools(
             dsn,
@@ -184,14 +186,29 @@ class PostgresArchive(Closing):
             keepalives_idle=keepalives_idle,
             application_name=application_name,
             read_only=read_only,
+            wait_for_server=not read_only,
         )
-        if any(cleared):
-            self.embed_pending()
+        if self._cleared:
+            drive_sync(self._ready())
+
+    def _ready(self) -> Flow[None]:
+        """The steps every operation starts with: the tables made or checked, once.
+
+        Nothing when they are (the usual case). If the server was out of reach when the
+        archive was made, the first operation that reaches it makes or checks them (so
+        :attr:`_st` exists from then on), and embeds the messages again if that found
+        another model's vectors.
+        """
+        if not self._pools.ready:
+            yield Prepare(self._pools)
+        if self._cleared:
+            yield from _writes.embed_pending(self._pools, self._st, self._model(), 256)
+            self._cleared = False
 
     # -- drivers ------------------------------------------------------------------------
 
-    def _db(self, flow: Flow[T], write: bool = False) -> Db:
-        return Db(self._pools, flow, write)
+    def _db(self, make: Callable[[], SqlFlow[T]], write: bool = False) -> Db:
+        return Db(self._pools, make, write)
 
     def _model(self) -> Embedder:
         assert self._embedder is not None
@@ -203,12 +220,13 @@ class PostgresArchive(Closing):
 
     # -- the hook -----------------------------------------------------------------------
 
-    def _deliver(self, batch: Demotion) -> Steps[int]:
+    def _deliver(self, batch: Demotion) -> Flow[int]:
         if not isinstance(batch, Demotion):
             raise ArgumentTypeError(f"batch: must be a Demotion, got {type(batch).__name__}")
         self._writable("store a demotion")
+        yield from self._ready()
         return (
-            yield from _pg_writes.deliver(
+            yield from _writes.deliver(
                 self._pools, self._st, batch, self._context, self._media, self._embedder
             )
         )
@@ -234,13 +252,12 @@ class PostgresArchive(Closing):
         """:meth:`deliver` on the async pool (the model's batch call in a thread)."""
         await drive_async(self._deliver(batch))
 
-    def _embed_pending(self, batch_size: int) -> Steps[int]:
+    def _embed_pending(self, batch_size: int) -> Flow[int]:
         self._writable("embed messages")
         if self._embedder is None:
             return 0
-        return (
-            yield from _pg_writes.embed_pending(self._pools, self._st, self._embedder, batch_size)
-        )
+        yield from self._ready()
+        return (yield from _writes.embed_pending(self._pools, self._st, self._embedder, batch_size))
 
     def embed_pending(self, batch_size: int = 256) -> int:
         """Embed the stored messages that have no vector yet; returns how many.
@@ -262,16 +279,22 @@ class PostgresArchive(Closing):
 
     def _search(
         self, conversation_id: str, query: str, k: int, budget_tokens: int | None
-    ) -> Steps[list[Recalled]]:
-        cid = storable_id(conversation_id)
+    ) -> Flow[list[Recalled]]:
+        cid = validate_conversation_id(conversation_id)
         dense = self._embedder is not None
         request = self._searcher.request(cid, query, k, budget_tokens, dense)
         if request is None:
             return []
+        yield from self._ready()
         vector = (yield Embed(self._model(), query=request.query)) if dense else None
-        flow = _pg_search.search(self._st, self._searcher, request, vector, self._matrices)
-        found: list[Recalled] = yield self._db(_pg_flows.with_data(self._st, cid, flow))
-        return found
+        st, searcher, matrices = self._st, self._searcher, self._matrices
+
+        def flow() -> SqlFlow[list[Recalled]]:
+            found = _search.search(st, searcher, request, vector, matrices)
+            return _flows.with_data(st, cid, found)
+
+        hits: list[Recalled] = yield self._db(flow)
+        return hits
 
     def search(
         self, conversation_id: str, query: str, k: int = 5, *, budget_tokens: int | None = None
@@ -299,57 +322,66 @@ class PostgresArchive(Closing):
 
     # -- reading and erasing ------------------------------------------------------------
 
-    def _read(self, flow: Flow[T]) -> Steps[T]:
-        result: T = yield self._db(flow)
+    def _read(self, flow: Callable[[Statements], SqlFlow[T]]) -> Flow[T]:
+        """One reading flow, made from the statements once the tables are ready."""
+        yield from self._ready()
+        st = self._st
+        result: T = yield self._db(lambda: flow(st))
         return result
+
+    def _messages(self, conversation_id: str) -> Flow[list[Recalled]]:
+        cid = validate_conversation_id(conversation_id)
+        return self._read(lambda st: _flows.messages(st, cid))
 
     def messages(self, conversation_id: str) -> list[Recalled]:
         """Every stored message of ``conversation_id``, in index order (score ``0``)."""
-        flow = _pg_flows.messages(self._st, storable_id(conversation_id))
-        return drive_sync(self._read(flow))
+        return drive_sync(self._messages(conversation_id))
 
     async def amessages(self, conversation_id: str) -> list[Recalled]:
         """:meth:`messages` on the async pool."""
-        flow = _pg_flows.messages(self._st, storable_id(conversation_id))
-        return await drive_async(self._read(flow))
+        return await drive_async(self._messages(conversation_id))
+
+    def _count(self, conversation_id: str | None) -> Flow[int]:
+        cid = None if conversation_id is None else validate_conversation_id(conversation_id)
+        return self._read(lambda st: _flows.count(st, cid))
 
     def count(self, conversation_id: str | None = None) -> int:
         """How many messages are stored: in ``conversation_id``, or in all conversations."""
-        cid = None if conversation_id is None else storable_id(conversation_id)
-        return drive_sync(self._read(_pg_flows.count(self._st, cid)))
+        return drive_sync(self._count(conversation_id))
 
     async def acount(self, conversation_id: str | None = None) -> int:
         """:meth:`count` on the async pool."""
-        cid = None if conversation_id is None else storable_id(conversation_id)
-        return await drive_async(self._read(_pg_flows.count(self._st, cid)))
+        return await drive_async(self._count(conversation_id))
 
     def has_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` are stored for ``conversation_id``.
 
         The engine asks after a history rewrite, to skip what is archived already.
         """
-        return drive_sync(self._read(self._has_keys(conversation_id, keys)))
+        return drive_sync(self._has_keys(conversation_id, keys))
 
     async def ahas_keys(self, conversation_id: str, keys: Iterable[str]) -> set[str]:
         """:meth:`has_keys` on the async pool."""
-        return await drive_async(self._read(self._has_keys(conversation_id, keys)))
+        return await drive_async(self._has_keys(conversation_id, keys))
 
     def _has_keys(self, conversation_id: str, keys: Iterable[str]) -> Flow[set[str]]:
-        wanted = _args.keys(keys)
-        return _pg_flows.has_keys(self._st, storable_id(conversation_id), wanted)
+        wanted, cid = args.keys(keys), validate_conversation_id(conversation_id)
+        return self._read(lambda st: _flows.has_keys(st, cid, wanted))
 
     def conversations(self) -> list[str]:
         """The ids of every conversation with stored messages, sorted by code point."""
-        return drive_sync(self._read(_pg_flows.conversations(self._st)))
+        return drive_sync(self._read(_flows.conversations))
 
     async def aconversations(self) -> list[str]:
         """:meth:`conversations` on the async pool."""
-        return await drive_async(self._read(_pg_flows.conversations(self._st)))
+        return await drive_async(self._read(_flows.conversations))
 
-    def _erase(self, conversation_id: str, fence: int | None) -> Steps[int]:
+    def _erase(self, conversation_id: str, fence: int | None) -> Flow[int]:
         self._writable("erase a conversation")
-        flow = _pg_flows.erase(self._st, storable_id(conversation_id), _args.fence(fence))
-        removed: int = yield self._db(flow, write=True)
+        cid, fence = validate_conversation_id(conversation_id), args.fence(fence)
+        yield from self._ready()
+        st = self._st
+        removed: int = yield self._db(lambda: _flows.erase(st, cid, fence), write=True)
         return removed
 
     def erase(
@@ -388,6 +420,19 @@ class PostgresArchive(Closing):
         """:meth:`erase` without a fence (``SQLiteArchive.delete``); returns how many."""
         return self.erase(conversation_id)
 
+    def ensure_schema(self) -> None:
+        """Create or upgrade the tables now, and make again any that is missing.
+
+        Idempotent; what ``demote migrate`` runs ahead of a deployment. The archive does
+        it by itself on first use and when it finds a table missing.
+
+        Raises:
+            StoreError: The server cannot be reached, the table holds a newer schema or
+                another program's table, or the archive is read-only.
+        """
+        self._writable("make its tables")
+        self._pools.repair("postgres archive")
+
     def close(self) -> None:
         """Close the pools this archive made (idempotent); later calls raise StoreError."""
         self._pools.close()
@@ -400,13 +445,15 @@ class PostgresArchive(Closing):
 
     # -- fetching one message by key (the recall tool) ----------------------------------
 
-    def _fetch(self, conversation_id: str, key: str) -> Steps[Recalled | None]:
+    def _fetch(self, conversation_id: str, key: str) -> Flow[Recalled | None]:
         from demote.archive.render import recalled_from_columns
 
-        cid = storable_id(conversation_id)
+        cid = validate_conversation_id(conversation_id)
         if not isinstance(key, str):
             raise ArgumentTypeError(f"key: must be a str, got {type(key).__name__}")
-        found = yield self._db(_pg_flows.fetch(self._st, cid, _pg_rows.text(key)))
+        yield from self._ready()
+        st, text = self._st, _rows.text(key)
+        found = yield self._db(lambda: _flows.fetch(st, cid, text))
         return None if found is None else recalled_from_columns(found)
 
     def fetch(self, conversation_id: str, key: str) -> Recalled | None:
