@@ -109,7 +109,12 @@ def test_quick_fleet_section_counts_round_trips_and_finds_no_duplicates_or_losse
         assert row["loads"] == fleet["settings"]["turns"] and row["loads_per_second"] > 0
         assert row["demoting_loads"] > 0 and row["delivered"] > 0
         assert (row["duplicates"], row["lost"]) == (0, 0)
-        assert row["trips_per_demoting_load"] == 3.0  # read, lease with state, fenced commit
+        # read, lease with state, fenced commit; a load slow enough (a loaded machine) also
+        # sees the keeper renew its lease, and a contended one tries the lease again: each
+        # trip past the three is one of those, counted among the trips
+        extra = (row["trips_per_demoting_load"] - 3.0) * row["demoting_loads"]
+        retried = row["trips"].get("acquire", 0) - row["demoting_loads"]
+        assert -1e-9 < extra <= row["trips"].get("renew", 0) + max(retried, 0) + 1e-9, row
         assert 1.0 <= row["trips_per_other_load"] < 2.0  # a read (and a lease if contended)
     assert (tmp_path / "fleet.png").read_bytes()[:4] == b"\x89PNG"
 
