@@ -210,13 +210,20 @@ class Pair:
         return self.raw_b.get(cid)  # type: ignore[no-any-return]
 
     def take_over(self, b: Demoter, hook: Held, cid: str, msgs: list[Msg]) -> Future[Any]:
-        """B loads until it holds the lease A lost (its hook entered), on its own thread."""
+        """B loads until it holds the lease A lost (its hook entered), on its own thread.
+
+        The future ends once B's delivery is committed: the load that entered B's hook may
+        be B's background retry of a load that found A's lease (then the foreground load
+        returns at once, its window pending), so B is drained before the future ends.
+        """
 
         def loads() -> Any:
             deadline = time.monotonic() + PATIENCE
             while time.monotonic() < deadline:
                 window = b.load(cid, msgs, lambda m: b.describe(m[0], m[1]))
                 if hook.entered.is_set():
+                    if not b.drain(PATIENCE):
+                        raise TimeoutError("B's delivery never ended")
                     return window
                 time.sleep(0.05)
             raise TimeoutError("B never took the conversation over")
