@@ -93,6 +93,7 @@ class Loader:
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
         pruned: range = range(0),
+        fixed: int | None = None,
     ) -> Flow[Window[T]]:
         """One load: steps 1 to 5 (see :mod:`demote.engine.demoter`)."""
         if type(conversation_id) is str and conversation_id in self._views:
@@ -109,6 +110,15 @@ class Loader:
             raise ArgumentTypeError(f"describe: expected a callable, got {describe!r:.80}")
         if type(reserved) is not int or reserved:  # (the common 0 is valid)
             count("reserved", reserved, minimum=0)
+        if fixed is None:
+            fixed = reserved
+        elif type(fixed) is not int or fixed:
+            count("fixed", fixed, minimum=0)
+            if fixed > reserved:
+                raise ConfigError(
+                    f"fixed: {fixed} tokens, more than the {reserved} reserved; fixed is the "
+                    "part of reserved every request carries unchanged"
+                )
         if type(pruned) is not range or pruned.step != 1 or pruned.start < 0:
             raise ConfigError(f"pruned: expected a range of positions, got {pruned!r:.80}")
         tally = self._tally
@@ -120,13 +130,15 @@ class Loader:
             if self.on_store_error == "raise":
                 raise
             window = self._degradation.window(
-                cid, self._windows.from_history(cid, messages, describe, reserved, pruned), exc
+                cid,
+                self._windows.from_history(cid, messages, describe, reserved, pruned, fixed),
+                exc,
             )
             self._observers.publish(window.events)
             return window
         if self._degradation.since is not None:
             self._degradation.recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved, pruned)
+        work = self._windows.prepare(cid, messages, describe, stored, reserved, pruned, fixed)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -175,7 +187,13 @@ class Loader:
                     current = yield from delivery.guarded("get", cid)
                 if current is not stored and current != stored:  # it moved on: plan again
                     replanned = self._windows.prepare(
-                        cid, work.messages, describe, current, work.reserved, work.pruned
+                        cid,
+                        work.messages,
+                        describe,
+                        current,
+                        work.reserved,
+                        work.pruned,
+                        work.fixed,
                     )
                     if isinstance(replanned, Window):
                         yield from delivery.release(hold)

@@ -93,6 +93,7 @@ class Pending:
     reserved: int
     pruned: range
     loop: asyncio.AbstractEventLoop | None
+    fixed: int | None = None
     due: float = 0.0
     seq: int = 0
     stalls: int = 0
@@ -135,15 +136,16 @@ class Retries:
         describe: Callable[[T], MessageRecord],
         reserved: int,
         pruned: range,
+        fixed: int | None = None,
     ) -> Flow[Window[T]]:
         """A load (:meth:`demote.Demoter.load`) that hands what it leaves pending to us."""
         try:
-            window = yield from self._loader.flow(cid, messages, describe, reserved, pruned)
+            window = yield from self._loader.flow(cid, messages, describe, reserved, pruned, fixed)
         except (HookError, StoreError):  # raised as configured: what was pending still is
-            self.note(cid, True, messages, describe, reserved, pruned)
+            self.note(cid, True, messages, describe, reserved, pruned, fixed)
             raise
         if window.pending or cid in self._entries:
-            self.note(cid, window.pending > 0, messages, describe, reserved, pruned)
+            self.note(cid, window.pending > 0, messages, describe, reserved, pruned, fixed)
         return window
 
     def note(
@@ -154,6 +156,7 @@ class Retries:
         describe: Callable[[Any], MessageRecord],
         reserved: int,
         pruned: range,
+        fixed: int | None = None,
     ) -> None:
         """After a load of ``cid``: keep it for a background load if ``pending``, else drop it.
 
@@ -168,7 +171,7 @@ class Retries:
                 self._entries.pop(cid, None)
                 return
             old = self._entries.pop(cid, None)
-            entry = Pending(messages, describe, reserved, pruned, loop)
+            entry = Pending(messages, describe, reserved, pruned, loop, fixed)
             entry.generation = self._delivery.settled.pop(cid, None)
             if old is not None:  # a newer load of it: its progress so far carries over
                 entry.stalls, entry.delivered = old.stalls, old.delivered
@@ -214,7 +217,7 @@ class Retries:
         REPLAY.set(replay)
         try:
             window = yield from self._loader.flow(
-                cid, entry.messages, entry.describe, entry.reserved, entry.pruned
+                cid, entry.messages, entry.describe, entry.reserved, entry.pruned, entry.fixed
             )
         except (HookError, StoreError) as exc:  # raised as configured: still pending
             logger.info("demote: background load of %r: %r", cid, exc)

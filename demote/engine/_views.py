@@ -332,6 +332,7 @@ def snapshot_plan(
     state: ConversationState,
     reserved: int = 0,
     pruned: range = range(0),
+    fixed: int = 0,
 ) -> tuple[Plan, View, str | None]:
     """The plan, a throwaway view and the summary for a stale copy (nothing is committed).
 
@@ -348,7 +349,15 @@ def snapshot_plan(
     lo = needed_from(basis)
     raws = list(messages[lo:])
     view = View(lo, raws, [describe(m) for m in raws])
-    p = plan(policy, basis, view.records, base=lo, reserved=reserved, pinned_tokens=pinned_tokens)
+    p = plan(
+        policy,
+        basis,
+        view.records,
+        base=lo,
+        reserved=reserved,
+        pinned_tokens=pinned_tokens,
+        fixed=fixed,
+    )
     if p.needs is not None and not p.rewritten:
         # The window starts inside a turn whose opener is before what was read (or a
         # token window's pinned head is): read back to it, as a load of the history does,
@@ -357,13 +366,25 @@ def snapshot_plan(
         raws = list(messages[at:])
         view = View(at, raws, [describe(m) for m in raws])
         p = plan(
-            policy, basis, view.records, base=at, reserved=reserved, pinned_tokens=pinned_tokens
+            policy,
+            basis,
+            view.records,
+            base=at,
+            reserved=reserved,
+            pinned_tokens=pinned_tokens,
+            fixed=fixed,
         )
     if p.rewritten:  # not the committed history after all: its own window
         raws = list(messages[own_lo:])
         view = View(own_lo, raws, [describe(m) for m in raws])
         p = plan(
-            policy, own, view.records, base=own_lo, reserved=reserved, pinned_tokens=own_pinned
+            policy,
+            own,
+            view.records,
+            base=own_lo,
+            reserved=reserved,
+            pinned_tokens=own_pinned,
+            fixed=fixed,
         )
     return p, view, state.summary if state.summarized <= n else None
 

@@ -131,7 +131,6 @@ class Windows:
         self._count_text: Callable[[str], int] = (
             approximate_tokens if isinstance(text_counter, MessageCounter) else text_counter
         )
-        self._costs = result_costs(policy)  # how clipped messages count and are cut
 
     def from_history(
         self,
@@ -140,6 +139,7 @@ class Windows:
         describe: Callable[[T], MessageRecord],
         reserved: int = 0,
         pruned: range = range(0),
+        fixed: int = 0,
     ) -> Window[T]:
         """The window of ``messages`` planned from a fresh state (the store is unreadable).
 
@@ -156,10 +156,20 @@ class Windows:
             base=lo,
             reserved=reserved,
             pinned_tokens=pinned_tokens,
+            fixed=fixed,
         )
         target = self._advance(state, p, view, messages)
         work = Work(
-            messages, None, p, view, target, False, False, reserved=reserved, describe=describe
+            messages,
+            None,
+            p,
+            view,
+            target,
+            False,
+            False,
+            reserved=reserved,
+            describe=describe,
+            fixed=fixed,
         )
         return self.window(cid, work)
 
@@ -201,7 +211,7 @@ class Windows:
         records, base = work.view.records, work.view.base
         indexes = sorted((*fresh, *clipped))
         before = sum(records[i - base].tokens for i in indexes)
-        costs = result_costs(self.policy)  # placeholders, clipped heads, cut calls
+        costs = result_costs(self.policy, work.fixed)  # placeholders, clipped heads, cut calls
         after = sum(costs.placeholder(records[i - base]) for i in fresh) + sum(
             costs.cost(records[i - base]) for i in clipped
         )
@@ -254,6 +264,7 @@ class Windows:
         stored: ConversationState | None,
         reserved: int = 0,
         pruned: range = range(0),
+        fixed: int = 0,
     ) -> Work | Window[T]:
         """Plan ``messages`` against ``stored``: the work to do, or a stale copy's window.
 
@@ -270,10 +281,19 @@ class Windows:
             # rewrite, and not the current history either. Serve it its own window
             # (planned, bounded, placeholders and all), change nothing.
             p, view, summary = snapshot_plan(
-                self.policy, messages, describe, state, reserved, pruned
+                self.policy, messages, describe, state, reserved, pruned, fixed
             )
             stale = Work(
-                messages, stored, p, view, state, False, False, reserved=given, describe=describe
+                messages,
+                stored,
+                p,
+                view,
+                state,
+                False,
+                False,
+                reserved=given,
+                describe=describe,
+                fixed=fixed,
             )
             return self.window(cid, stale, replace(state, summary=summary))
         view = self._views.records(cid, messages, needed_from(state), describe)
@@ -310,6 +330,7 @@ class Windows:
             index=view.index,
             reserved=reserved,
             pinned_tokens=pinned_tokens,
+            fixed=fixed,
         )
         if p.needs is not None and not p.rewritten:
             # The window starts inside a turn whose opener is before what was read (the
@@ -327,6 +348,7 @@ class Windows:
                 base=view.base,
                 reserved=reserved,
                 pinned_tokens=pinned_tokens,
+                fixed=fixed,
             )
         resynced = False
         if p.rewritten:
@@ -340,7 +362,7 @@ class Windows:
             state = ConversationState(generation=state.generation + 1)
             view = self._views.records(cid, messages, 0, describe)
             reserved = given  # the fresh state has no summary
-            p = plan(self.policy, state, view.records, base=0, reserved=reserved)  # no index
+            p = plan(self.policy, state, view.records, base=0, reserved=reserved, fixed=fixed)
             resynced = True
         view.index = p.index
         target = self._advance(state, p, view, messages)
@@ -366,6 +388,7 @@ class Windows:
             reserved=given,
             pruned=pruned,
             describe=describe,
+            fixed=fixed,
         )
 
     def _with_summary(self, state: ConversationState, reserved: int) -> int:
@@ -510,7 +533,7 @@ class Windows:
             else record_at(work.view, messages, at, work.describe)
         )
         placeholders, clipped = replaced_texts(
-            cid, work.view, p, self._chars, self._costs, opener_rec
+            cid, work.view, p, self._chars, result_costs(self.policy, work.fixed), opener_rec
         )
         return _new_window(
             cid,

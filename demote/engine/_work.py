@@ -45,6 +45,7 @@ class Work:
     reserved: int = 0  # tokens outside the messages the plan left room for
     pruned: range = range(0)  # positions absent from the messages (a pruned prefix)
     describe: Callable[[Any], MessageRecord] | None = None  # records a message read outside
+    fixed: int = 0  # of ``reserved``, what every request carries alike (sizes the clipping)
 
     @property
     def changed(self) -> bool:

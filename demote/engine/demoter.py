@@ -301,6 +301,7 @@ class Demoter(Closing):
         *,
         reserved: int = 0,
         pruned: range = range(0),
+        fixed: int | None = None,
     ) -> Window[T]:
         """Plan the window, deliver what is pending, commit, return the window.
 
@@ -313,15 +314,23 @@ class Demoter(Closing):
                 window leaves room for them. Ignored in other units.
             pruned: Positions absent from ``messages``, right after its pinned head (pruned
                 once the hook accepted them, positions kept); the load reads none of them.
+            fixed: The part of ``reserved`` every request carries unchanged (the system
+                prompt, the tool definitions), as opposed to what grows (memory blocks).
+                In a token window whose clipping size is not given, a message over half
+                of what the limit leaves beside it is sent clipped, so the opener and the
+                newest step fit beside it (rounded up to 128 tokens, so a prompt edited
+                by a few words changes nothing). ``None``: all of ``reserved``.
 
         A load that leaves messages pending (the hook failed or was busy) hands the
         conversation to the background retries, which load it again until they are
         delivered, without waiting for its next load (see :mod:`demote.engine._pending`).
 
         Raises:
-            ConfigError: ``reserved`` is not an int ``>= 0``, or ``pruned`` no range.
+            ConfigError: ``reserved`` is not an int ``>= 0``, ``fixed`` not one up to
+                ``reserved``, or ``pruned`` no range.
         """
-        return drive_sync(self._retries.load(conversation_id, messages, describe, reserved, pruned))
+        flow = self._retries.load(conversation_id, messages, describe, reserved, pruned, fixed)
+        return drive_sync(flow)
 
     async def aload(
         self,
@@ -331,12 +340,13 @@ class Demoter(Closing):
         *,
         reserved: int = 0,
         pruned: range = range(0),
+        fixed: int | None = None,
     ) -> Window[T]:
         """Async :meth:`load`: every store round trip and the hook are awaited.
 
         Its background retries, if any, run as tasks on this event loop while it runs.
         """
-        flow = self._retries.load(conversation_id, messages, describe, reserved, pruned)
+        flow = self._retries.load(conversation_id, messages, describe, reserved, pruned, fixed)
         return await drive_async(flow)
 
     # -- degraded loads -----------------------------------------------------------------------

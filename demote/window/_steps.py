@@ -33,35 +33,66 @@ from demote.window.policy import (
     SlidingWindow,
 )
 
-__all__ = ["Cut", "cut", "digest_tokens", "result_costs"]
+__all__ = ["FIXED_STEP", "Cut", "cut", "default_clip", "digest_tokens", "result_costs"]
 
 
-# Policy id -> (the policy, its costs): every plan asks, and a policy never changes (it is
-# frozen). The policy is held, so its id is not reused while it is here.
-_COSTS: dict[int, tuple[SlidingWindow, ResultCosts]] = {}
+# (Policy id, fixed step) -> (the policy, its costs): every plan asks, and a policy never
+# changes (it is frozen). The policy is held, so its id is not reused while it is here.
+_COSTS: dict[tuple[int, int], tuple[SlidingWindow, ResultCosts]] = {}
 _COSTS_KEPT = 256
 
+#: The fixed part of a request (what ``fixed`` counts) is rounded up to a multiple of this
+#: many tokens before it sizes the default clipping: a system prompt edited by a few words
+#: does not change how every clipped result is sent (and the prompt cache with it).
+FIXED_STEP = 128
 
-def result_costs(policy: SlidingWindow) -> ResultCosts:
-    """How ``policy`` counts each message: clipping (and whether clearing may apply)."""
-    hit = _COSTS.get(id(policy))
+
+def result_costs(policy: SlidingWindow, fixed: int = 0) -> ResultCosts:
+    """How ``policy`` counts each message: clipping (and whether clearing may apply).
+
+    ``fixed``: tokens every request carries that no cut can remove (a system prompt, tool
+    definitions); they size the default clipping of a token window (see
+    :func:`default_clip`). Ignored where the clipping size is given or not in tokens.
+    """
+    step = 0
+    if policy.unit == "tokens" and fixed > 0:
+        clearing = policy.clearing
+        if clearing is None or clearing.max_result_tokens is None:
+            step = -(-fixed // FIXED_STEP) * FIXED_STEP
+    hit = _COSTS.get((id(policy), step))
     if hit is not None and hit[0] is policy:
         return hit[1]
-    costs = _result_costs(policy)
+    costs = _result_costs(policy, step)
     if len(_COSTS) >= _COSTS_KEPT:
         _COSTS.clear()
-    _COSTS[id(policy)] = (policy, costs)
+    _COSTS[(id(policy), step)] = (policy, costs)
     return costs
 
 
-def _result_costs(policy: SlidingWindow) -> ResultCosts:
+def default_clip(limit: int, fixed: int, head_tokens: int) -> int:
+    """The default clipping size of a token window: half the room ``fixed`` leaves.
+
+    A message over it (a tool result, a pasted opener) is sent clipped. Half of what the
+    limit leaves beside what every request carries, so the newest step and the opener,
+    which no cut removes, fit beside each other under the limit; never under two heads
+    (a clipped message must still be worth its head) unless half the limit is. With
+    nothing fixed, half the limit.
+    """
+    return max(min(limit // 2, 2 * head_tokens), (limit - fixed) // 2)
+
+
+def _result_costs(policy: SlidingWindow, fixed: int) -> ResultCosts:
     clearing = policy.clearing
     if clearing is None:
-        clip = policy.limit // 2 if policy.unit == "tokens" else None
+        clip = (
+            default_clip(policy.limit, fixed, DEFAULT_HEAD_TOKENS)
+            if policy.unit == "tokens"
+            else None
+        )
         return ResultCosts(clip, DEFAULT_HEAD_TOKENS)
     clip = clearing.max_result_tokens
     if clip is None and policy.unit == "tokens":
-        clip = policy.limit // 2
+        clip = default_clip(policy.limit, fixed, clearing.head_tokens)
     return ResultCosts(clip, clearing.head_tokens, True, frozenset(clearing.exclude))
 
 

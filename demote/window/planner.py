@@ -220,6 +220,7 @@ def plan(
     index: GroupIndex | None = None,
     reserved: int = 0,
     pinned_tokens: int | None = None,
+    fixed: int | None = None,
 ) -> Plan:
     """Plan the window for a history, from the previous state.
 
@@ -234,6 +235,10 @@ def plan(
             vouches for the records; an index that does not fit the state is ignored.
         reserved: Tokens sent with every request outside the messages (a system prompt
             and tool definitions a middleware adds): they count toward a token limit.
+        fixed: The part of ``reserved`` every request carries unchanged (a system prompt,
+            tool definitions; not a note or memory that grows): it sizes the default
+            clipping (:func:`~demote.window._steps.default_clip`). ``None``: all of
+            ``reserved``.
         pinned_tokens: Tokens of the pinned system messages, for a token window whose
             records start after them (``base > 0``) and whose index is not given (a
             restart). Otherwise counted from the records or carried by the index; when
@@ -247,6 +252,8 @@ def plan(
         raise ValueError(f"records start at {base}, the plan needs {needed_from(state)}")
     if reserved:
         count("reserved", reserved, minimum=0)
+    if fixed is None:
+        fixed = reserved
 
     # 1. Pinned system messages: recounted until something has been demoted.
     pinned = state.pinned
@@ -267,7 +274,7 @@ def plan(
         return Plan(pinned, start, end, state.delivered, rewritten=True)
 
     # 3. Groups and steps of the window region (only what was appended, given an index).
-    costs = result_costs(policy)
+    costs = result_costs(policy, fixed)
     groups = None
     if (
         index is not None

@@ -187,8 +187,10 @@ class ClearToolResults(_Model):
         clear_at_least: Fewest tokens cleared at a time, so the cached prompt prefix
             breaks rarely.
         max_result_tokens: A single tool result over this many tokens is sent as its head
-            and a placeholder (``None``: half the limit of a token window; no clipping in
-            other units).
+            and a placeholder (``None``: in a token window, half of what the limit leaves
+            beside what every request carries, its system prompt and tool definitions,
+            rounded up to 128 tokens (``Demoter.load``'s ``fixed``), and at least two
+            heads; half the limit when nothing is reserved. No clipping in other units).
         head_tokens: How much of a clipped result's head the model is sent.
     """
 

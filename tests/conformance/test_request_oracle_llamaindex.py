@@ -44,6 +44,7 @@ from llama_index.core.memory.memory_blocks import (
     StaticMemoryBlock,
     VectorMemoryBlock,
 )
+from llama_index.core.prompts import RichPromptTemplate
 from llama_index.core.tools import FunctionTool
 
 from demote import ClearToolResults, Compact, Demoter, SlidingWindow, SQLiteArchive
@@ -230,7 +231,16 @@ def _memory(tmp: Path, limit: int, window: str, key: str) -> tuple[DemotingMemor
     blocks = [
         StaticMemoryBlock(name="profile", static_content="The user runs a small shop."),
         FactExtractionMemoryBlock(name="facts", llm=fact_llm(), max_facts=1000),
-        VectorMemoryBlock(name="past", vector_store=TextVectorStore(), embed_model=WordEmbedding()),
+        # Each retrieved passage shown by its head: a whole flushed batch is larger than
+        # the blocks' budget at these limits, and a priority-0 block that does not fit
+        # is left out, not truncated.
+        VectorMemoryBlock(
+            name="past",
+            vector_store=TextVectorStore(),
+            embed_model=WordEmbedding(),
+            similarity_top_k=1,
+            format_template=RichPromptTemplate("{{ text[:300] }}"),
+        ),
     ]
     feed = MemoryBlocksHook(blocks, flush_tokens=limit // 10)
     demoter = Demoter(policy, FanOutHook(archive, feed), summarizer=summarizer, hook_wait=None)

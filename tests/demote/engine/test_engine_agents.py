@@ -68,6 +68,7 @@ def contract_planner(extra: Extra, seen: list[int] | None = None) -> Callable[..
         index: Any = None,
         reserved: int = 0,
         pinned_tokens: int | None = None,
+        fixed: int | None = None,
     ) -> Plan:
         if seen is not None:
             seen.append(reserved)
@@ -79,6 +80,7 @@ def contract_planner(extra: Extra, seen: list[int] | None = None) -> Callable[..
             index=index,
             reserved=reserved,
             pinned_tokens=pinned_tokens,
+            fixed=fixed,
         )
         if p.rewritten:
             return p
