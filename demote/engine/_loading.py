@@ -86,6 +86,16 @@ class Loader:
         self._observers = observers
         self._tally = tally
 
+    def stale_copy(
+        self, cid: str, messages: Sequence[T], describe: Callable[[T], MessageRecord]
+    ) -> bool:
+        """Is ``messages`` a copy older than the history this process last loaded for ``cid``?
+
+        Its load was served its own window and changed nothing; loading it again would
+        not deliver anything either (the next load of the current history does).
+        """
+        return self._views.is_stale(cid, messages, describe, FRESH)
+
     def flow(
         self,
         conversation_id: str,

@@ -144,7 +144,9 @@ class Retries:
         except (HookError, StoreError):  # raised as configured: what was pending still is
             self.note(cid, True, messages, describe, reserved, pruned, fixed)
             raise
-        if window.pending or cid in self._entries:
+        if (window.pending or cid in self._entries) and not self._loader.stale_copy(
+            cid, messages, describe
+        ):  # (a stale copy's window says nothing of what its replay could deliver)
             self.note(cid, window.pending > 0, messages, describe, reserved, pruned, fixed)
         return window
 

@@ -314,3 +314,20 @@ def test_a_history_reset_by_another_worker_is_not_replayed(how: str) -> None:
     assert a.stats().untracked == 1
     assert store.get("c") == (None if how == "forget" else a.state_of("c")), "nothing committed"
     assert a.state_of("c").window_start == 0 and sum(sink.keys.values()) == 4, "not replayed"
+
+
+def test_a_stale_copy_loaded_while_the_hook_fails_is_not_what_is_retried() -> None:
+    # A slow request loads a copy read before the newest appends: it is served its own
+    # window and changes nothing, so replaying it could never deliver. The retries keep
+    # the current history; once the hook is back, a drain delivers everything.
+    sink = Sink(fail=1_000)
+    d = Demoter(LAST2, sink, retry=Backoff(0, 0))
+    msgs = chat(12)
+    assert d.load("c", msgs, describer(d)).pending > 0
+    stale = d.load("c", msgs[:-1], describer(d))
+    assert stale.pending > 0 and stale.messages == msgs[stale.start : len(msgs) - 1]
+    sink.fail = 0
+    assert d.drain(10), "the retries delivered what was pending"
+    assert d.state_of("c").delivered == d.state_of("c").window_start == len(msgs) - 2
+    assert len(sink.keys) == len(msgs) - 2 and sink.twice() == []
+    d.close()
