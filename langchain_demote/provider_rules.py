@@ -196,6 +196,26 @@ def openai_payload(
     return _built(model, messages, {**_tool_settings(model, tools), **settings})[0]
 
 
+def _findings(
+    builder: str,
+    model: Any,
+    messages: Sequence[BaseMessage],
+    tools: Sequence[Any] | None,
+    settings: dict[str, Any],
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The payload ``builder`` makes (``None`` when it refuses) and its findings so far.
+
+    The builder refusing the request, and each warning it gives, is a finding.
+    """
+    try:
+        payload, said = _built(model, messages, {**_tool_settings(model, tools), **settings})
+    except MissingExtraError:
+        raise
+    except Exception as exc:  # the builder refusing is the finding
+        return None, [f"{builder}: {type(exc).__name__}: {exc}"]
+    return payload, [f"{builder} warns: {w}" for w in said]
+
+
 def anthropic_violations(
     messages: Sequence[BaseMessage], *, tools: Sequence[Any] | None = None, **settings: Any
 ) -> list[str]:
@@ -206,14 +226,9 @@ def anthropic_violations(
         tools: The tools bound to the model, if any.
         **settings: The call's settings (``cache_control``, ...).
     """
-    model = _anthropic_model()
-    try:
-        payload, said = _built(model, messages, {**_tool_settings(model, tools), **settings})
-    except MissingExtraError:
-        raise
-    except Exception as exc:  # the builder refusing is the finding
-        return [f"langchain-anthropic: {type(exc).__name__}: {exc}"]
-    out = [f"langchain-anthropic warns: {w}" for w in said]
+    payload, out = _findings("langchain-anthropic", _anthropic_model(), messages, tools, settings)
+    if payload is None:
+        return out
     formatted: list[dict[str, Any]] = payload.get("messages") or []
     if not formatted:
         return [*out, "anthropic: no messages"]
@@ -266,14 +281,9 @@ def openai_violations(
         tools: The tools bound to the model, if any.
         **settings: The call's settings (``prompt_cache_key``, ...).
     """
-    model = _openai_model()
-    try:
-        payload, said = _built(model, messages, {**_tool_settings(model, tools), **settings})
-    except MissingExtraError:
-        raise
-    except Exception as exc:  # the builder refusing is the finding
-        return [f"langchain-openai: {type(exc).__name__}: {exc}"]
-    out = [f"langchain-openai warns: {w}" for w in said]
+    payload, out = _findings("langchain-openai", _openai_model(), messages, tools, settings)
+    if payload is None:
+        return out
     dicts: list[dict[str, Any]] = payload.get("messages") or []
     pending: list[str] = []
     allowed: set[str] = set()
