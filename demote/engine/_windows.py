@@ -33,6 +33,7 @@ from demote.engine.result import Window, render_progress, render_summary
 from demote.events import DemoteEvent
 from demote.records import ConversationState, MessageRecord, fingerprint, make_key
 from demote.window._steps import digest_tokens, result_costs
+from demote.window.clearing import ResultCosts
 from demote.window.digest import Call, make_digest
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import Compact, SlidingWindow
@@ -211,7 +212,7 @@ class Windows:
         records, base = work.view.records, work.view.base
         indexes = sorted((*fresh, *clipped))
         before = sum(records[i - base].tokens for i in indexes)
-        costs = result_costs(self.policy, work.fixed)  # placeholders, clipped heads, cut calls
+        costs = _costs_of(self.policy, work)  # placeholders, clipped heads, cut calls
         after = sum(costs.placeholder(records[i - base]) for i in fresh) + sum(
             costs.cost(records[i - base]) for i in clipped
         )
@@ -533,7 +534,7 @@ class Windows:
             else record_at(work.view, messages, at, work.describe)
         )
         placeholders, clipped = replaced_texts(
-            cid, work.view, p, self._chars, result_costs(self.policy, work.fixed), opener_rec
+            cid, work.view, p, self._chars, _costs_of(self.policy, work), opener_rec
         )
         return _new_window(
             cid,
@@ -553,3 +554,9 @@ class Windows:
             at,
             calls=calls,
         )
+
+
+def _costs_of(policy: SlidingWindow, work: Work) -> ResultCosts:
+    """How ``work``'s plan counted and clipped messages: its index's, else the policy's."""
+    index = work.plan.index
+    return index.costs if index is not None else result_costs(policy, work.fixed)
