@@ -386,13 +386,21 @@ class Reference:
         )
 
 
-def _shown_cost(policy: SlidingWindow, rec: MessageRecord) -> tuple[int, bool, int]:
-    """(cost, clipped, what clearing it would save) of one record, from the policy."""
+def _shown_cost(
+    policy: SlidingWindow, rec: MessageRecord, fixed: int = 0
+) -> tuple[int, bool, int]:
+    """(cost, clipped, what clearing it would save) of one record, from the policy.
+
+    ``fixed``: what every request carries beside the window (here the reserved share); the
+    default clipping is half the room it leaves, counted in whole steps of 128 tokens, and
+    never under two heads unless half the limit is.
+    """
     c = policy.clearing
     head = c.head_tokens if c is not None else 200
     clip = c.max_result_tokens if c is not None else None
     if clip is None and policy.unit == "tokens":
-        clip = policy.limit // 2
+        step = math.ceil(fixed / 128) * 128
+        clip = max(min(policy.limit // 2, 2 * head), (policy.limit - step) // 2)
     # A placeholder message and a clipped result's tail, as langchain-core counts the
     # message sent: its text, the id it answers, the role and the tool's name.
     framing = len(rec.answers or "") + len("tool") + len(rec.tool or "")
@@ -442,7 +450,7 @@ def reference_plan(
         size = fixed if policy.unit == "tokens" else 0
         over = max(0, size - policy.limit)
         return Reference(pinned, start, None, size, None, state.cleared, (), (), start, over)
-    costs = [_shown_cost(policy, r) for r in records]
+    costs = [_shown_cost(policy, r, reserved) for r in records]
     groups = [g for g in cut_points(records, start) if g == start or records[g].role == "user"]
     cuts = cut_points(records, start)
 

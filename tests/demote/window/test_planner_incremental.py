@@ -23,7 +23,7 @@ from demote.records import ConversationState, MessageRecord
 from demote.window._groups import GroupIndex
 from demote.window._steps import result_costs
 from demote.window.planner import needed_from, plan, turn_groups
-from demote.window.policy import SlidingWindow
+from demote.window.policy import ClearToolResults, PerItem, SlidingWindow
 from tests.strategies import (
     Msg,
     advance,
@@ -286,6 +286,44 @@ def test_plans_of_well_formed_histories_are_the_reference_plan(
         index = p.index
         if data.draw(st.integers(0, 4), label="deliver") > 0:
             state = advance(state, p, history)
+
+
+def test_a_reserved_share_shrinks_the_default_clipping_in_the_reference_too() -> None:
+    """A result between half the limit and half the room a reserved share leaves is clipped.
+
+    Found by CI: with 50 tokens reserved (counted as one 128-token step) in a 370-token
+    window, a ~180-token result is over (370 - 128) // 2 = 121 but under 370 // 2; the
+    planner clips it at every load, as the reference must.
+    """
+    policy = SlidingWindow(
+        unit="tokens",
+        limit=370,
+        eviction=PerItem(),
+        pin_system=False,
+        clearing=ClearToolResults(trigger=0, keep=1, head_tokens=0),
+    )
+    failed = "error: tool failed "
+    msgs = [
+        Msg("user", "task "),
+        Msg("assistant", "", ("call_0", "call_1", "call_2")),
+        Msg("tool", f"call_0 {failed}", answers="call_0", tool="search"),
+        Msg("tool", f"call_1 {failed}" + "r" * 700, answers="call_1", tool="search"),
+        Msg("tool", f"call_2 {failed}", answers="call_2", tool="search"),
+        Msg("assistant", "", ("call_3", "call_4")),
+        Msg("tool", f"call_3 {failed}", answers="call_3", tool="search"),
+        Msg("tool", f"call_4 {failed}", answers="call_4", tool="search"),
+        *[Msg("user", "task ")] * 3,
+        Msg("assistant", "calling", ("call_5",)),
+    ]
+    records = [record_of(m) for m in msgs]
+    state = ConversationState()
+    clipped_at = []
+    for end in range(len(records) + 1):
+        p = plan(policy, state, records[:end], reserved=50)
+        ref = reference_plan(policy, state, records[:end], 50)
+        assert ref is not None and ref.matches(p), (ref, p)
+        clipped_at += [end] if 3 in p.clipped else []
+    assert clipped_at and clipped_at[0] == 4
 
 
 @SETTINGS
