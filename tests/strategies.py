@@ -386,9 +386,7 @@ class Reference:
         )
 
 
-def _shown_cost(
-    policy: SlidingWindow, rec: MessageRecord, fixed: int = 0
-) -> tuple[int, bool, int]:
+def _shown_cost(policy: SlidingWindow, rec: MessageRecord, fixed: int = 0) -> tuple[int, bool, int]:
     """(cost, clipped, what clearing it would save) of one record, from the policy.
 
     ``fixed``: what every request carries beside the window (here the reserved share); the
