@@ -119,8 +119,9 @@ class Deliver:
         try:
             future.result(bound)
         except TimeoutError:
-            if future.done():  # the hook's own TimeoutError
-                raise
+            if future.done():  # it ended as the wait ran out: its own outcome counts
+                future.result()
+                return None
             self._unstarted(future, final)
             return self._running(future, began, final)
         except Exception:
@@ -143,8 +144,9 @@ class Deliver:
             try:
                 await asyncio.wait_for(asyncio.shield(call), bound)
             except TimeoutError:
-                if call.done():
-                    raise
+                if call.done():  # it ended as the wait ran out: its own outcome counts
+                    call.result()
+                    return None
                 return Running(call, None, False)
             except BaseException:
                 call.cancel()  # the load was cancelled: so is its hook call
@@ -208,8 +210,9 @@ class Outcome:
         try:
             call.result(self._left())
         except TimeoutError:
-            if call.done():
-                raise
+            if call.done():  # it ended as the deadline passed: its own outcome counts
+                call.result()
+                return True
             if self.deadline is not None and call.cancel():  # never started: withdrawn
                 raise HookBusy(not_started(None, None)) from None
             return False
@@ -221,8 +224,9 @@ class Outcome:
         try:
             await asyncio.wait_for(asyncio.shield(waited), self._left())
         except TimeoutError:
-            if waited.done():
-                raise
+            if waited.done():  # it ended as the deadline passed: its own outcome counts
+                waited.result()
+                return True
             sync = not isinstance(call, asyncio.Future)
             if self.deadline is not None and sync and call.cancel():  # never started
                 raise HookBusy(not_started(None, None)) from None
