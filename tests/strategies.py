@@ -421,6 +421,13 @@ def _shown_cost(policy: SlidingWindow, rec: MessageRecord, fixed: int = 0) -> tu
     return cost, clipped, cost - placeholder if clearable else 0
 
 
+def _note_share(ev: LowWater, limit: int) -> float:
+    """The note's share of the limit: as given, or 15% raised to 1,000 tokens up to 25%."""
+    if ev.digest is not None:
+        return ev.digest
+    return max(0.15, min(1000 / limit, 0.25, 0.95 - max(ev.keep, ev.keep_steps)))
+
+
 def reference_plan(
     policy: SlidingWindow,
     state: ConversationState,
@@ -517,7 +524,7 @@ def reference_plan(
         floor = size(candidates[-1])
         room = max(0, limit - floor)
         tools = sum(costs[i][0] for i in range(start, end) if records[i].role == "tool") > 0
-        aside = int(limit * ev.digest) if policy.unit == "tokens" and tools else 0
+        aside = int(limit * _note_share(ev, limit)) if policy.unit == "tokens" and tools else 0
 
         def oldest_within(bound: int) -> int:
             return next((c for c in candidates if size(c) <= bound), candidates[-1])

@@ -228,7 +228,7 @@ def digest_tokens(policy: SlidingWindow) -> int:
     eviction = policy.eviction
     if policy.unit != "tokens" or not isinstance(eviction, LowWater):
         return 0
-    return int(policy.limit * eviction.digest)
+    return int(policy.limit * eviction.digest_share(policy.limit))
 
 
 def _low_water(eviction: LowWater, sizes: _Sizes, unit: str, limit: int) -> int:
@@ -245,7 +245,7 @@ def _low_water(eviction: LowWater, sizes: _Sizes, unit: str, limit: int) -> int:
     room = max(0, limit - floor)
     idx = sizes.idx
     tools = idx.tool_tokens > idx.tools_at[0]  # a digest is only made of tool results
-    aside = int(limit * eviction.digest) if unit == "tokens" and tools else 0
+    aside = int(limit * eviction.digest_share(limit)) if unit == "tokens" and tools else 0
     t = sizes.fit(min(limit, floor + int(eviction.keep * room) - aside))
     pos, group, _ = sizes.at(t)
     if group == len(sizes.idx.starts) - 1 and pos != sizes.idx.starts[group]:

@@ -30,7 +30,19 @@ from demote.errors import ConfigError
 from demote.window.clearing import DEFAULT_HEAD_TOKENS
 from demote.window.tokens import counter_name, resolve_counter
 
+#: The share of a token limit a :class:`LowWater` note takes by default.
+DIGEST_SHARE = 0.15
+
+#: The fewest tokens a default note is given, while :data:`DIGEST_MAX_SHARE` allows.
+DIGEST_MIN_TOKENS = 1000
+
+#: The largest share of the limit the default raises the note to.
+DIGEST_MAX_SHARE = 0.25
+
 __all__ = [
+    "DIGEST_MAX_SHARE",
+    "DIGEST_MIN_TOKENS",
+    "DIGEST_SHARE",
     "Bulk",
     "ClearToolResults",
     "Compact",
@@ -139,32 +151,54 @@ class LowWater(_Model):
     an agent copies into its next call), each under the call that produced it with its key
     or line, newest first, within ``digest`` of the limit. It is sent where a summary is,
     is made at the cut without a model call, and changes only at the next cut (or gives
-    way when the window alone fills the limit). ``digest=0`` turns it off. The default,
-    0.15, was measured on 25 long development sessions against 0.1 and 0.2 (section 7 of
-    the benchmarks): the note is written once per cut and read from the prompt cache
-    after, so a larger one costs little; 0.2 passed the bill the long sessions allow at
-    8,000 tokens.
+    way when the window alone fills the limit). ``digest=0`` turns it off.
+
+    The default (``digest=None``) is :data:`DIGEST_SHARE` of the limit, and at least
+    :data:`DIGEST_MIN_TOKENS` while that stays within :data:`DIGEST_MAX_SHARE` of it: a
+    note of a few hundred tokens cannot say what the dropped steps held, and the note is
+    written once per cut and read from the prompt cache after, so a larger one costs
+    little. Measured on the 32 long development sessions (section 7 of the benchmarks): at
+    4,000 tokens, 1,000 tokens of note instead of 600 kept 42.0% of what the agent copied
+    in context instead of 37.6% (47.9% instead of 42.4% anywhere in the request) for a bill
+    of 0.226 instead of 0.201 of sending everything; from 8,000 tokens 15% is already more
+    (25% there cost 0.04 of the bill past what the sessions allow). A number is that share
+    of the limit, whatever the limit.
 
     Attributes:
         keep: Share of the room above what cannot be cut kept when whole turns are cut
             (the digest included).
         keep_steps: The same when the cut falls inside the running turn.
-        digest: Share of a token limit the note of dropped steps may take (``0``: none).
+        digest: Share of a token limit the note of dropped steps may take (``0``: none;
+            ``None``: the default rule above, see :meth:`digest_share`).
     """
 
     kind: Literal["low_water"] = "low_water"
     keep: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.5
     keep_steps: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
-    digest: Annotated[float, Field(ge=0.0, le=0.5)] = 0.15
+    digest: Annotated[float | None, Field(ge=0.0, le=0.5)] = None
 
     @model_validator(mode="after")
     def _fits(self) -> Self:
-        if self.digest and max(self.keep, self.keep_steps) + self.digest >= 1.0:
+        share = DIGEST_SHARE if self.digest is None else self.digest
+        if share and max(self.keep, self.keep_steps) + share >= 1.0:
             raise ConfigError(
                 f"LowWater: keep ({self.keep}) or keep_steps ({self.keep_steps}) plus digest "
-                f"({self.digest}) must stay below 1, or a cut could not get under the limit"
+                f"({share}) must stay below 1, or a cut could not get under the limit"
             )
         return self
+
+    def digest_share(self, limit: int) -> float:
+        """The share of a ``limit``-token window the note may take.
+
+        ``digest`` when given; by default :data:`DIGEST_SHARE`, raised to
+        :data:`DIGEST_MIN_TOKENS` up to :data:`DIGEST_MAX_SHARE` of the limit (and never so
+        far that ``keep`` or ``keep_steps`` and the note reach the limit together).
+        """
+        if self.digest is not None:
+            return self.digest
+        wanted = min(DIGEST_MIN_TOKENS / limit, DIGEST_MAX_SHARE) if limit > 0 else 0.0
+        room = 0.95 - max(self.keep, self.keep_steps)
+        return max(DIGEST_SHARE, min(wanted, room))
 
 
 Eviction = Annotated[PerItem | Bulk | Compact | LowWater, Field(discriminator="kind")]

@@ -46,6 +46,25 @@ def test_low_water_round_trips_through_json() -> None:
     assert json.loads(policy.to_json())["eviction"]["kind"] == "low_water"
 
 
+def test_the_default_note_is_a_share_of_the_limit_raised_to_a_useful_size() -> None:
+    """15% of the limit, raised to 1,000 tokens while that is within a quarter of it."""
+    default = LowWater()
+    assert default.digest is None
+    assert SlidingWindow.from_json(SlidingWindow.last_tokens(4000).to_json()).eviction == default
+    assert [default.digest_share(n) for n in (2000, 4000, 5000, 8000, 32000)] == [
+        0.25,
+        0.25,
+        0.2,
+        0.15,
+        0.15,
+    ]
+    # A number given is that share at any limit; keep and the note stay under the limit.
+    assert LowWater(digest=0.1).digest_share(4000) == 0.1
+    assert LowWater(digest=0.0).digest_share(4000) == 0.0
+    assert LowWater(keep=0.8).digest_share(4000) == 0.15
+    assert LowWater(keep=0.75).digest_share(4000) == pytest.approx(0.2)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "names"),
     [
@@ -263,7 +282,9 @@ def test_a_hostile_tool_result_leaves_a_digest_within_its_budget() -> None:
         for end in range(2, len(records) + 1):
             window = demoter.load("c", records[:end], lambda r: r)
             if window.summary is not None:
-                assert approximate_tokens(window.summary) <= int(limit * LowWater().digest)
+                assert approximate_tokens(window.summary) <= int(
+                    limit * LowWater().digest_share(limit)
+                )
                 assert blob not in window.summary
         assert window.summary is not None and "/päth/ünï/cödé_1.py" in window.summary
     finally:
