@@ -12,10 +12,12 @@ each newest first:
 - **Asked**: the head of each user request the cut drops, so the note spans user turns
   (the running turn's own opener is among them when a cut drops it, though the window
   still sends it in full in front of the kept steps);
-- **Did**: a trail of the agent's own calls, the tool's name and its arguments (each value
-  cut to :data:`ARG_CHARS` characters): agents re-read and edit what they touched;
-- **Saw**: one line per dropped tool result, under the call that produced it
-  (``[Read /srv/app/views.py]``), holding the result's identifiers in the order they
+- **Did**: a trail of the agent's own calls, the tool's name and its arguments (a value
+  that is one identifier, a path or an id, whole; any other cut to :data:`ARG_CHARS`
+  characters): agents re-read and edit what they touched;
+- **Saw**: one line per dropped tool result, under the call that produced it, named by
+  the first argument that is one identifier, whole (``[Read /srv/app/views.py]``; a
+  flag never names it), holding the result's identifiers in the order they
   stood, each with what it is: its key when the result gave it one
   (``reservation_id=ZFA04Y``), after the number of its line when the result numbers them
   (``42: load_booking``). An identifier is written once, at its newest result.
@@ -97,7 +99,7 @@ DIGEST_LEAD = (
 #: The longest trail line kept (past it, the line is cut).
 LINE_CHARS = 240
 
-#: How much of each call argument the trail keeps.
+#: How much of a call argument the trail keeps (one identifier is kept whole).
 ARG_CHARS = 80
 
 #: Share of the note's room each part may take first: asked, did, saw (what one leaves
@@ -189,11 +191,36 @@ def _value(value: object) -> str:
     return str(value)
 
 
+def _whole(value: object) -> str | None:
+    """``value`` when it is one identifier (a path, an id: no space, a digit or a mark)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if MIN_CHARS <= len(text) <= MAX_CHARS and _MARK.search(text) and not _SPACE.search(text):
+        return text
+    return None
+
+
+def _arg(value: object) -> str:
+    """An argument as the note writes it: an identifier whole, anything else cut."""
+    whole = _whole(value)
+    return whole if whole is not None else _one_line(_value(value), ARG_CHARS)
+
+
 def _label(call: Call | None, tool: str | None) -> str:
-    """How a result's source is named: its call's tool and first short argument."""
+    """How a result's source is named: its call's tool and what it was called on.
+
+    The first argument that is one identifier (the file read, the id looked up), whole;
+    else the first other argument that is not a flag, cut to :data:`ARG_CHARS`.
+    """
     if call is None:
         return tool or "tool"
-    for value in call.args.values():
+    values = [v for v in call.args.values() if not isinstance(v, bool)]
+    for value in values:
+        whole = _whole(value)
+        if whole is not None:
+            return f"{call.name} {whole}"
+    for value in values:
         text = _one_line(_value(value), ARG_CHARS)
         if text:
             return f"{call.name} {text}"
@@ -201,9 +228,7 @@ def _label(call: Call | None, tool: str | None) -> str:
 
 
 def _trail_line(call: Call) -> str:
-    args = " ".join(
-        f"{k}={_one_line(_value(v), ARG_CHARS)}" for k, v in call.args.items() if _value(v).strip()
-    )
+    args = " ".join(f"{k}={_arg(v)}" for k, v in call.args.items() if _value(v).strip())
     return _one_line(f"{call.name} {args}".strip(), LINE_CHARS)
 
 
@@ -226,18 +251,22 @@ def _saw_entry(label: str, text: str, taken: set[str]) -> str | None:
     number of the line it stood on when the result numbers its lines (``42: ...``).
     """
     items: list[str] = []
+    named = set(identifiers(label))
     for raw in text.split("\n"):
         number, line = _numbered(raw)
         numbered = False
         for piece in identifiers(line):
             if piece in taken:
                 continue
+            key = _keyed(line, line.find(piece))
+            plain = key is None or key in piece
+            if plain and piece in named:  # the label says it already
+                continue
             taken.add(piece)
             if number is not None and not numbered:
                 items.append(f"{number}:")
                 numbered = True
-            key = _keyed(line, line.find(piece))
-            if key is None or key in piece:
+            if plain:
                 items.append(piece)
                 continue
             if items and items[-1] == key:  # the key was an identifier too: said once
@@ -414,12 +443,25 @@ def make_digest(
 
 def _without(entries: Sequence[str], newer: Sequence[str]) -> Iterator[str]:
     """``entries`` without the items ``newer`` entries hold (an entry left empty goes)."""
-    taken = {i for e in newer for i in identifiers(e.partition("] ")[2])}
+    taken = {i for e in newer for i in identifiers(e)}
     for e in entries:
         label, _, items = e.partition("] ")
         kept = [w for w in items.split(" ") if not any(i in taken for i in identifiers(w))]
-        if any(w and not w.endswith(":") for w in kept):
+        kept = _numbers_with_items(kept)
+        if kept:
             yield f"{label}] " + " ".join(kept)
+
+
+def _numbers_with_items(words: list[str]) -> list[str]:
+    """``words`` without a line's number (``42:``) whose line has no item left."""
+    out: list[str] = []
+    for word, after in zip(words, [*words[1:], ""][: len(words)], strict=True):
+        if not word:
+            continue
+        if word.endswith(":") and (not after or after.endswith(":")):
+            continue
+        out.append(word)
+    return out
 
 
 def _cost(entries: Sequence[str], count: Callable[[str], int]) -> int:

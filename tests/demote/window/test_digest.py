@@ -155,3 +155,49 @@ def test_the_note_is_a_pure_function() -> None:
     records, calls = _steps(_step("c", "grep", {"pattern": "x"}, "a.py:3: x_1 = 2\nb.py:9: y_22"))
     first = make_digest("prev", records, 300, approximate_tokens, calls)
     assert first == make_digest("prev", list(records), 300, approximate_tokens, list(calls))
+
+
+def test_a_result_is_labelled_by_the_whole_identifier_it_was_called_on() -> None:
+    """A long path is named whole (not cut to a useless head), flags are not a label, and
+    the label's identifier is not repeated beside it, unless the result gives it a key."""
+    path = (
+        "/Users/someone/Documents/projects/eagle-point/TASK-121/repo/src/__tests__/import.test.ts"
+    )
+    records, calls = _steps(
+        _step(
+            "e1",
+            "Edit",
+            {"replace_all": False, "file_path": path, "old_string": "a b", "new_string": "c d"},
+            f"The file {path} has been updated. See snippet_42 for the change.",
+        ),
+        _step(
+            "g1",
+            "get_order",
+            {"order_id": "ORD-8812"},
+            '{"order_id": "ORD-8812", "sku": "SKU-7781"}',
+        ),
+    )
+    note = make_digest(None, records, 600, approximate_tokens, calls)
+    assert note is not None
+    lines = note.split("\n")
+    saw = lines[lines.index("Saw:") + 1 :]
+    assert saw == [
+        "[get_order ORD-8812] order_id=ORD-8812 sku=SKU-7781",
+        f"[Edit {path}] snippet_42",
+    ]
+    did = lines[lines.index("Did:") + 1 : lines.index("Saw:")]
+    assert did[1] == f"- Edit replace_all=False file_path={path} old_string=a b new_string=c d"
+
+
+def test_an_older_line_left_without_items_loses_its_line_numbers() -> None:
+    """When a newer result holds an older line's identifiers, its ``N:`` markers go too."""
+    old, old_calls = _steps(
+        _step("r1", "Read", {"file_path": "/srv/a.py"}, "7\tload_booking()\n9\tsave_booking()\n"),
+    )
+    first = make_digest(None, old, 600, approximate_tokens, old_calls)
+    assert first is not None and "7: load_booking 9: save_booking" in first
+    new, new_calls = _steps(_step("g1", "Grep", {"pattern": "booking"}, "a.py: load_booking"))
+    second = make_digest(first, new, 600, approximate_tokens, new_calls)
+    assert second is not None
+    assert "[Read /srv/a.py] 9: save_booking" in second.split("\n")
+    assert "7:" not in second
