@@ -265,7 +265,20 @@ def test_two_processes_growing_the_same_conversations_put_each_message_once(
     _lengths(pg)
     logs = [tmp_path / f"puts-{n}.txt" for n in range(2)]
     paths = [tmp_path / f"w{n}.json" for n in range(2)]
-    workers = [_start({"url": pg, "log": str(logs[n])}, paths[n]) for n in range(2)]
+    ready = [tmp_path / f"ready-{n}" for n in range(2)]
+    go = tmp_path / "go"
+    workers = [
+        _start({"url": pg, "log": str(logs[n]), "ready": str(ready[n]), "go": str(go)}, paths[n])
+        for n in range(2)
+    ]
+    # Both grow the conversations together: one that starts while the other has already
+    # filled them would deliver nothing, and the test would race nothing.
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        assert all(w.poll() is None for w in workers), "a worker ended before it was ready"
+        time.sleep(0.05)
+    assert all(r.exists() for r in ready), "the workers did not get ready within 120 s"
+    go.touch()
     for w, path in zip(workers, paths, strict=True):
         _ended(w, path)
     counts = _check_items(pg, logs)
@@ -321,6 +334,14 @@ def worker(config: dict[str, Any]) -> None:
     def load(cid: str, n: int) -> Any:
         return demoter.load(cid, full[cid][:n], lambda m: to_core(m, demoter.describe))
 
+    if "ready" in config:  # wait for the other worker (the test says go), bounded
+        Path(config["ready"]).touch()
+        go = Path(config["go"])
+        until = time.monotonic() + 150
+        while not go.exists():
+            if time.monotonic() > until:
+                raise SystemExit("no go within 150 s")
+            time.sleep(0.01)
     deadline = time.monotonic() + 200
     growing = set(CIDS)
     while growing and time.monotonic() < deadline:
