@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.recall_locomo import conversations, data_dir, local_model
+from bench.locomo_protocol import conversations, data_dir
+from bench.recall_locomo import local_model
 from demote.archive.sqlite import SQLiteArchive
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 

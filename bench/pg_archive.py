@@ -272,7 +272,7 @@ def fleet(
 
 def recall(url: str) -> dict[str, Any]:
     """Evidence retained on LoCoMo, SQLite and PostgreSQL archives with the same options."""
-    from bench.recall_locomo import HELD_OUT, evaluate, rates, speaker_context
+    from bench.locomo_protocol import HELD_OUT, evaluate, rates, speaker_context
     from demote.archive.postgres import PostgresArchive
 
     setups: dict[str, dict[str, Any]] = {

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # ``bench`` is a top-level directory, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from bench.recall_cv import _measures, shipping  # noqa: E402
+from bench.recall_tuning import _measures, shipping  # noqa: E402
 from demote.records import Recalled  # noqa: E402
 
 
