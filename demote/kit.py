@@ -24,7 +24,7 @@ or recall source inside the core may use it too.
 from __future__ import annotations
 
 from demote._validate import MAX_COUNT, check_message, check_messages, count, seconds
-from demote.window._media import data_by_reference
+from demote.window.media import data_by_reference
 
 __all__ = [
     "MAX_COUNT",

@@ -43,7 +43,7 @@ __all__ = [
 #: ``tool_call_id`` and ``tool`` (the tool's name) on a tool result; ``blocks`` (present
 #: when the message's content is a list of blocks: all of them, in order, text blocks
 #: included, so images, audio, files and reasoning keep their place; media by reference
-#: or as base64 bytes, see :func:`demote.window._media.data_by_reference`); ``id``,
+#: or as base64 bytes, see :func:`demote.window.media.data_by_reference`); ``id``,
 #: ``name`` and ``extra`` (framework fields kept so the message comes back equal to the
 #: original: the adapters' ``from_data``). Absent keys mean empty.
 MESSAGE_DATA_KEYS = (

@@ -77,6 +77,6 @@ def test_core_source_never_imports_a_framework() -> None:
 
 def test_planner_has_no_concurrency_or_io() -> None:
     window = Path(demote.__file__).parent / "window"
-    for name in ("planner.py", "_groups.py", "_steps.py", "clearing.py"):
+    for name in ("planner.py", "groups.py", "steps.py", "clearing.py"):
         source = (window / name).read_text(encoding="utf-8")
         assert not re.search(r"async def|asyncio|threading", source), name

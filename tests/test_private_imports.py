@@ -1,6 +1,6 @@
 """No package reaches into another package's private modules (tools/private_imports.py).
 
-The few left are named here with their reason; a new one fails this test.
+An exception would be named in ``KNOWN`` with its reason; a new one fails this test.
 """
 
 from __future__ import annotations
@@ -10,16 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: (importer, private module): why it is still there.
-KNOWN = {
-    # window/ and these engine modules were being changed in another branch when the rest
-    # moved: window/ should export these names publicly, then these imports go.
-    ("demote.engine._views", "demote.window._groups"): "window/ has no public face for it yet",
-    ("demote.engine._windows", "demote.window._steps"): "window/ has no public face for it yet",
-    ("demote.kit", "demote.window._media"): "the kit re-exports it until window/ does",
-    # The benchmark times the erase's parts one by one (rows without the index merge).
-    ("bench.erase_cost", "demote.archive._lexical"): "times an internal step of erase",
-}
+#: (importer, private module): why it is still there. Empty: none is left; one added here
+#: needs its reason, and goes when the importer uses a public name instead.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def test_private_imports_across_packages_are_only_the_known_ones() -> None:

@@ -3,7 +3,7 @@
 An import of ``X._y`` (``from X._y import ...``, ``import X._y``, ``from X import _y``
 where ``_y`` is a module) is private when the importing module is outside package ``X``:
 ``demote.engine`` may use ``demote._validate`` (it is inside ``demote``) but not
-``demote.window._steps`` (``demote.engine`` is outside ``demote.window``).
+``demote.archive._lexical`` (``demote.engine`` is outside ``demote.archive``).
 
 Usage: ``python tools/private_imports.py [--count] [paths...]`` (default: the three
 packages and bench). Exits 0; prints one ``file:line  importer -> module`` per import.

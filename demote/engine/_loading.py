@@ -1,7 +1,7 @@
 """A Demoter's load, step by step (the theory of operation: :mod:`demote.engine.demoter`).
 
 :class:`Loader` drives one load through the Demoter's other parts: the planning of
-:class:`~demote.engine._windows.Windows`, the gate, lease, batches and commit of
+:class:`~demote.engine._planning.Planning`, the gate, lease, batches and commit of
 :class:`~demote.engine._delivery.Delivery`, the degraded mode of
 :mod:`demote.engine._degraded` (a load whose store fails). One load:
 
@@ -42,8 +42,8 @@ from demote._validate import count
 from demote.engine._compaction import Compactor
 from demote.engine._degraded import Degradation
 from demote.engine._delivery import Delivery
+from demote.engine._planning import Planning
 from demote.engine._views import ViewCache
-from demote.engine._windows import Windows
 from demote.engine._work import FRESH, Tally, Work
 from demote.engine.result import Window
 from demote.errors import ArgumentTypeError, ConfigError, HookError
@@ -62,7 +62,7 @@ class Loader:
 
     def __init__(
         self,
-        windows: Windows,
+        planning: Planning,
         delivery: Delivery,
         degradation: Degradation,
         compactor: Compactor | None,
@@ -77,7 +77,7 @@ class Loader:
         self.on_store_error = on_store_error
         self.on_hook_error = on_hook_error
         self._noop = noop  # the hook keeps nothing: it accepts everything at once
-        self._windows = windows
+        self._planning = planning
         self._delivery = delivery
         self._leasing = callable(getattr(delivery.state, "acquire_lease", None))
         self._degradation = degradation
@@ -141,14 +141,14 @@ class Loader:
                 raise
             window = self._degradation.window(
                 cid,
-                self._windows.from_history(cid, messages, describe, reserved, pruned, fixed),
+                self._planning.from_history(cid, messages, describe, reserved, pruned, fixed),
                 exc,
             )
             self._observers.publish(window.events)
             return window
         if self._degradation.since is not None:
             self._degradation.recovered()
-        work = self._windows.prepare(cid, messages, describe, stored, reserved, pruned, fixed)
+        work = self._planning.prepare(cid, messages, describe, stored, reserved, pruned, fixed)
         if isinstance(work, Window):
             return work
         window, done = yield from self._run(cid, describe, stored, work)
@@ -170,11 +170,11 @@ class Loader:
         """Steps 3 and 4: take the gate and lease if there is work, deliver, commit."""
         delivery = self._delivery
         if not (work.changed or delivery.deliverable(cid, work)):
-            return self._windows.window(cid, work), work
+            return self._planning.window(cid, work), work
         hold = delivery.take(cid)
         if hold is None:  # another caller of this process is delivering
-            self._windows.unconfirmed(cid, work)
-            return self._windows.window(cid, work), work
+            self._planning.unconfirmed(cid, work)
+            return self._planning.window(cid, work), work
         failure: Exception | None = None
         try:
             try:
@@ -188,15 +188,15 @@ class Loader:
                         delivery.stranded[cid] = hold.holder
                         raise
                     if lease is None:  # another worker is delivering
-                        self._windows.unconfirmed(cid, work)
-                        return self._windows.window(cid, work), work
+                        self._planning.unconfirmed(cid, work)
+                        return self._planning.window(cid, work), work
                     hold.lease = lease
                     delivery.keeper.hold(lease)
                     current = lease.state
                 else:  # the gate alone: its last holder may have committed since we read
                     current = yield from delivery.guarded("get", cid)
                 if current is not stored and current != stored:  # it moved on: plan again
-                    replanned = self._windows.prepare(
+                    replanned = self._planning.prepare(
                         cid,
                         work.messages,
                         describe,
@@ -223,19 +223,19 @@ class Loader:
         finally:
             delivery.let_go(hold)
         if failure is not None:
-            self._windows.unconfirmed(cid, work)
-            return self._degradation.window(cid, self._windows.window(cid, work), failure), None
+            self._planning.unconfirmed(cid, work)
+            return self._degradation.window(cid, self._planning.window(cid, work), failure), None
         if committed is None:
-            self._windows.unconfirmed(cid, work)
+            self._planning.unconfirmed(cid, work)
         if error is not None and self.on_hook_error == "raise":
             if isinstance(error, HookError):
                 raise error
             raise HookError(f"hook failed for conversation {cid!r}: {error}") from error
         if committed is not None:
             delivery.unsure.discard(cid)
-            self._windows.committed(cid, work, committed)
+            self._planning.committed(cid, work, committed)
             if self._noop:  # it took what left the window at once
                 prev = work.stored or FRESH
                 before = prev.delivered if prev.window_start > prev.pinned else work.plan.pinned
                 demoted = max(0, committed.delivered - before)
-        return self._windows.window(cid, work, committed, demoted), work
+        return self._planning.window(cid, work, committed, demoted), work

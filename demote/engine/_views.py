@@ -37,7 +37,6 @@ from demote.records import (
     MessageRecord,
     make_key,
 )
-from demote.window._groups import GroupIndex
 from demote.window.clearing import (
     ResultCosts,
     call_marker,
@@ -46,6 +45,7 @@ from demote.window.clearing import (
     user_clipped_text,
     user_keep,
 )
+from demote.window.groups import GroupIndex
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import SlidingWindow
 

@@ -33,7 +33,7 @@ whole (:meth:`ResultCosts.opener`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "call_marker",
     "clip_calls",
     "clipped_text",
+    "fitting_chars",
     "placeholder_text",
     "user_clipped_text",
     "user_keep",
@@ -142,6 +143,30 @@ def user_keep(clip_over: int) -> tuple[int, int]:
     keep = clip_over // 2
     head = keep * 2 // 3
     return head, keep - head
+
+
+def fitting_chars(counter: Callable[[str], int], text: str, tokens: int, from_end: bool) -> int:
+    """How many leading (or trailing) characters of ``text`` fit in ``tokens``.
+
+    The longest prefix (suffix) ``counter`` counts within ``tokens``: four characters a
+    token first (exact for the approximate counter), then by bisection. What a clipped
+    result's head, or a clipped opener's head and tail, keeps of its text.
+    """
+
+    def part(k: int) -> str:
+        return text[len(text) - k :] if from_end else text[:k]
+
+    n = min(len(text), 4 * tokens)
+    if counter(part(n)) <= tokens:
+        return n
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if counter(part(mid)) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def call_marker(key: str, tokens: int) -> str:

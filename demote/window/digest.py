@@ -71,7 +71,7 @@ __all__ = [
     "NOTE_LEAD",
     "REDACTED",
     "SHARES",
-    "Call",
+    "DroppedCall",
     "identifiers",
     "make_digest",
     "redact",
@@ -141,7 +141,7 @@ _FRAME = 24
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class DroppedCall:
     """One tool call of a dropped assistant message: what the trail keeps of it.
 
     Attributes:
@@ -207,7 +207,7 @@ def _arg(value: object) -> str:
     return whole if whole is not None else _one_line(_value(value), ARG_CHARS)
 
 
-def _label(call: Call | None, tool: str | None) -> str:
+def _label(call: DroppedCall | None, tool: str | None) -> str:
     """How a result's source is named: its call's tool and what it was called on.
 
     The first argument that is one identifier (the file read, the id looked up), whole;
@@ -227,7 +227,7 @@ def _label(call: Call | None, tool: str | None) -> str:
     return call.name
 
 
-def _trail_line(call: Call) -> str:
+def _trail_line(call: DroppedCall) -> str:
     args = " ".join(f"{k}={_arg(v)}" for k, v in call.args.items() if _value(v).strip())
     return _one_line(f"{call.name} {args}".strip(), LINE_CHARS)
 
@@ -311,16 +311,16 @@ def _parse(note: str | None) -> _Parts:
 
 
 def _calls_of(
-    dropped: Sequence[MessageRecord], calls: Sequence[Sequence[Call]] | None
-) -> list[Sequence[Call]]:
+    dropped: Sequence[MessageRecord], calls: Sequence[Sequence[DroppedCall]] | None
+) -> list[Sequence[DroppedCall]]:
     if calls is None:
         return [() for _ in dropped]
     return [calls[i] if i < len(calls) else () for i in range(len(dropped))]
 
 
-def _new_parts(dropped: Sequence[MessageRecord], calls: list[Sequence[Call]]) -> _Parts:
+def _new_parts(dropped: Sequence[MessageRecord], calls: list[Sequence[DroppedCall]]) -> _Parts:
     """The entries of what the cut drops, newest first."""
-    by_id: dict[str, Call] = {c.id: c for cs in calls for c in cs}
+    by_id: dict[str, DroppedCall] = {c.id: c for cs in calls for c in cs}
     asked: list[str] = []
     did: list[str] = []
     saw: list[str] = []
@@ -398,7 +398,7 @@ def make_digest(
     dropped: Sequence[MessageRecord],
     budget: int,
     count: Callable[[str], int],
-    calls: Sequence[Sequence[Call]] | None = None,
+    calls: Sequence[Sequence[DroppedCall]] | None = None,
 ) -> str | None:
     """The note after a cut that drops ``dropped``, within ``budget`` tokens.
 

@@ -10,7 +10,7 @@ messages from ``needed_from(state)`` to the end: the tail of what was demoted, t
 window and whatever was appended since. Nothing before that is read, so the cost of a call
 follows the window, not the history.
 
-Inside that range the planner cuts turn groups and steps (:mod:`demote.window._groups`): a
+Inside that range the planner cuts turn groups and steps (:mod:`demote.window.groups`): a
 result answers the latest opening of its call id before it (a reused id is a new call; a
 result whose call is not in the range, demoted before it arrived, joins nothing); a group
 starts at a user message, unless the message lies after a call's opening and at or before
@@ -68,7 +68,7 @@ What cannot be cut (pinned, the opener and the newest step, both after clipping)
 the limit: ``Plan.overhang`` says by how much, so the caller can act. Anything else is
 within the limit (+ overflow, + 2k).
 
-The index over the window region (a :class:`~demote.window._groups.GroupIndex`: group starts,
+The index over the window region (a :class:`~demote.window.groups.GroupIndex`: group starts,
 step starts, cumulative sizes and clearing sums, the tool calls opened in the region, the
 opener of a region that starts inside a turn) is returned as ``Plan.index``; handed back to
 the next plan of the same, grown history, only the appended records are read and the front
@@ -93,9 +93,9 @@ from dataclasses import dataclass, field, replace
 from demote._built import unchecked
 from demote._validate import count
 from demote.records import ConversationState, MessageRecord
-from demote.window._groups import GroupIndex
-from demote.window._steps import cut, result_costs
+from demote.window.groups import GroupIndex
 from demote.window.policy import SlidingWindow
+from demote.window.steps import cut, result_costs
 
 __all__ = ["Plan", "answer_reach", "needed_from", "plan", "turn_groups"]
 
@@ -237,7 +237,7 @@ def plan(
             and tool definitions a middleware adds): they count toward a token limit.
         fixed: The part of ``reserved`` every request carries unchanged (a system prompt,
             tool definitions; not a note or memory that grows): it sizes the default
-            clipping (:func:`~demote.window._steps.default_clip`). ``None``: all of
+            clipping (:func:`~demote.window.steps.default_clip`). ``None``: all of
             ``reserved``.
         pinned_tokens: Tokens of the pinned system messages, for a token window whose
             records start after them (``base > 0``) and whose index is not given (a

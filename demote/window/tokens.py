@@ -3,7 +3,7 @@
 A message costs what a provider bills for it (:func:`billed_tokens`): its text, its tool
 calls (name, id and arguments, as :func:`calls_text` writes them), the id of the call a
 tool result answers, the tool's name, the role, its content blocks (images, audio and
-files by the providers' documented estimates, see :mod:`demote.window._media`; reasoning by
+files by the providers' documented estimates, see :mod:`demote.window.media`; reasoning by
 its text; any other block by its JSON), plus :data:`MESSAGE_OVERHEAD` for the framing.
 Under ``"approx"`` the message's own characters are counted as one text, rounded up once,
 as langchain-core's ``count_tokens_approximately`` counts a message, so a text-only agent
@@ -29,7 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from demote.errors import ConfigError, MissingExtraError
-from demote.window import _media
+from demote.window.media import (
+    REASONING,
+    TOOL_USE,
+    media_tokens,
+    reasoning_text,
+    without_payloads,
+)
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -196,7 +202,7 @@ def block_tokens(block: object, counter: Counter, calls: frozenset[str] = frozen
     """Tokens of one content block (not counting the message's framing).
 
     Images, audio and files are estimated as the providers document it
-    (:func:`demote.window._media.media_tokens`); reasoning and thinking blocks count their text;
+    (:func:`demote.window.media.media_tokens`); reasoning and thinking blocks count their text;
     a text block its text; a tool-use block whose id is in ``calls`` nothing (the call is
     counted once, as a tool call); anything else its JSON.
 
@@ -210,17 +216,17 @@ def block_tokens(block: object, counter: Counter, calls: frozenset[str] = frozen
     if not isinstance(block, Mapping):
         return _checked(counter(str(block)))
     kind = str(block.get("type") or block.get("block_type") or "")
-    media = _media.media_tokens(kind, block)
+    media = media_tokens(kind, block)
     if media is not None:
         return media
     if kind == "text":
         text = block.get("text")
         return _checked(counter(text if isinstance(text, str) else _json(block)))
-    if kind in _media.REASONING:
-        return _checked(counter(_media.reasoning_text(block)))
-    if kind in _media.TOOL_USE and str(block.get("id") or block.get("tool_call_id")) in calls:
+    if kind in REASONING:
+        return _checked(counter(reasoning_text(block)))
+    if kind in TOOL_USE and str(block.get("id") or block.get("tool_call_id")) in calls:
         return 0
-    return _checked(counter(_json(_media.without_payloads(block))))
+    return _checked(counter(_json(without_payloads(block))))
 
 
 def calls_text(calls: Sequence[Mapping[str, Any]]) -> str:

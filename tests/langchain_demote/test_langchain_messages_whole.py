@@ -26,7 +26,7 @@ from demote.capture.codec import decode, encode
 from demote.errors import ConfigError
 from demote.hooks.simple import CallbackHook
 from demote.records import MESSAGE_DATA_KEYS, Demotion, Recalled
-from demote.window._media import data_by_reference
+from demote.window.media import data_by_reference
 from langchain_demote.hooks import DATA_FIELD, VectorStoreHook
 from langchain_demote.messages import from_data, from_recalled, to_core, to_data
 

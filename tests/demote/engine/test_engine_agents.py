@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+import demote.engine._planning
 import demote.engine._views
-import demote.engine._windows
 from demote import Backoff, ConfigError, ConversationState, Demoter, Demotion, SlidingWindow
 from demote.engine import PROGRESS_PREFIX, render_progress
 from demote.records import MessageRecord, make_key
@@ -113,7 +113,7 @@ def clear_all_but(keep: int) -> Extra:
 @pytest.fixture
 def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[..., Plan]], None]]:
     def use(fn: Callable[..., Plan]) -> None:
-        monkeypatch.setattr(demote.engine._windows, "plan", fn)
+        monkeypatch.setattr(demote.engine._planning, "plan", fn)
         monkeypatch.setattr(demote.engine._views, "plan", fn)
 
     yield use

@@ -13,8 +13,8 @@ import asyncio
 import pytest
 
 from demote import ClearToolResults, ConfigError, ConversationState, Demoter, SlidingWindow
-from demote.window._steps import FIXED_STEP, default_clip, result_costs
 from demote.window.clearing import DEFAULT_HEAD_TOKENS
+from demote.window.steps import FIXED_STEP, default_clip, result_costs
 from tests.strategies import Msg, describer, unique
 
 CID = "room"

@@ -5,9 +5,16 @@ from __future__ import annotations
 import math
 
 from demote.records import ConversationState, MessageRecord
-from demote.window.clearing import PLACEHOLDER_TOKENS, ResultCosts, clipped_text, placeholder_text
+from demote.window.clearing import (
+    PLACEHOLDER_TOKENS,
+    ResultCosts,
+    clipped_text,
+    fitting_chars,
+    placeholder_text,
+)
 from demote.window.planner import needed_from, plan
 from demote.window.policy import ClearToolResults, SlidingWindow
+from demote.window.tokens import approximate_tokens
 from tests.strategies import Msg, advance, check_valid, record_of
 
 
@@ -135,3 +142,19 @@ def test_a_pasted_task_counts_clipped_once_the_window_starts_inside_its_turn() -
     assert last.size == records[0].tokens + clipped + sum(
         r.tokens for r in records[last.window_start :]
     )
+
+
+def test_fitting_chars_is_the_longest_head_or_tail_within_the_tokens() -> None:
+    text = "abcdefghij" * 10
+    assert fitting_chars(approximate_tokens, text, 5, False) == 20  # four characters a token
+    assert fitting_chars(approximate_tokens, text, 1000, True) == len(text)
+    assert fitting_chars(approximate_tokens, text, 0, False) == 0
+
+    def words(s: str) -> int:  # a counter the first guess overshoots: bisection
+        return len(s.split("-")) if s else 0
+
+    dashed = "-".join(["ab"] * 20)
+    head = fitting_chars(words, dashed, 3, False)
+    tail = fitting_chars(words, dashed, 3, True)
+    assert words(dashed[:head]) <= 3 < words(dashed[: head + 1])
+    assert words(dashed[len(dashed) - tail :]) <= 3 < words(dashed[len(dashed) - tail - 1 :])

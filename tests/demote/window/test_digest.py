@@ -13,7 +13,7 @@ from demote.window.digest import (
     DIGEST_LEAD,
     NOTE_LEAD,
     REDACTED,
-    Call,
+    DroppedCall,
     identifiers,
     make_digest,
     redact,
@@ -28,12 +28,12 @@ def _rec(role: str, text: str, **kw: object) -> MessageRecord:
 def _step(call_id: str, name: str, args: dict[str, object], result: str) -> tuple:
     call = _rec("assistant", "", opens=(call_id,))
     res = _rec("tool", result, answers=call_id, tool=name)
-    return [call, res], [(Call(call_id, name, args),), ()]
+    return [call, res], [(DroppedCall(call_id, name, args),), ()]
 
 
-def _steps(*steps: tuple) -> tuple[list[MessageRecord], list[tuple[Call, ...]]]:
+def _steps(*steps: tuple) -> tuple[list[MessageRecord], list[tuple[DroppedCall, ...]]]:
     records: list[MessageRecord] = []
-    calls: list[tuple[Call, ...]] = []
+    calls: list[tuple[DroppedCall, ...]] = []
     for recs, cs in steps:
         records += recs
         calls += cs

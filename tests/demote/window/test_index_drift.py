@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from demote.records import ConversationState
-from demote.window._groups import GroupIndex
+from demote.window.groups import GroupIndex
 from demote.window.planner import Plan, needed_from, plan, turn_groups
 from demote.window.policy import SlidingWindow
 from tests.strategies import Msg, advance, record_of, reference_plan

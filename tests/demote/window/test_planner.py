@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from demote.records import ConversationState, MessageRecord
-from demote.window._groups import GroupIndex
+from demote.window.groups import GroupIndex
 from demote.window.planner import Plan, needed_from, plan, turn_groups
 from demote.window.policy import Bulk, Compact, SlidingWindow
 from tests.strategies import (

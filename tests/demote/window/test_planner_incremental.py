@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from demote.engine._compaction import _SAME
 from demote.records import ConversationState, MessageRecord
-from demote.window._groups import GroupIndex
-from demote.window._steps import result_costs
+from demote.window.groups import GroupIndex
 from demote.window.planner import needed_from, plan, turn_groups
 from demote.window.policy import ClearToolResults, PerItem, SlidingWindow
+from demote.window.steps import result_costs
 from tests.strategies import (
     Msg,
     advance,

@@ -30,7 +30,7 @@ from langchain_core.messages.utils import count_tokens_approximately
 from demote import Demoter, SlidingWindow
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import fingerprint
-from demote.window import _media
+from demote.window import media
 from demote.window.tokens import (
     MESSAGE_OVERHEAD,
     MessageCounter,
@@ -253,7 +253,7 @@ def test_a_300_kb_image_block_counts_as_anthropic_bills_it() -> None:
             85 + 170 * 6,
         ),
         ({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}, 85),
-        ({"type": "image", "url": "https://example.org/cat.png"}, _media.IMAGE_TOKENS),
+        ({"type": "image", "url": "https://example.org/cat.png"}, media.IMAGE_TOKENS),
         # Anthropic: the long edge is fitted in 1568 px first (3000 x 1500 -> 1568 x 784).
         ({"type": "image", "width": 3000, "height": 1500}, 1600),
         ({"type": "image", "width": 200, "height": 150}, 40),
@@ -264,8 +264,8 @@ def test_a_300_kb_image_block_counts_as_anthropic_bills_it() -> None:
             },
             320,
         ),
-        ({"type": "audio", "url": "https://x/a.mp3"}, _media.AUDIO_TOKENS),
-        ({"type": "file", "url": "https://x/a.pdf", "pages": 4}, 4 * _media.FILE_TOKENS),
+        ({"type": "audio", "url": "https://x/a.mp3"}, media.AUDIO_TOKENS),
+        ({"type": "file", "url": "https://x/a.pdf", "pages": 4}, 4 * media.FILE_TOKENS),
         (
             {
                 "type": "file",
@@ -283,9 +283,9 @@ def test_block_estimates(block: dict[str, Any], expected: int) -> None:
 
 
 def test_image_size_is_read_from_jpeg_and_png_bytes() -> None:
-    assert _media.image_size(_jpeg(640, 480)) == (640, 480)
-    assert _media.image_size(_png(33, 44, 100)) == (33, 44)
-    assert _media.image_size(b"not an image") is None
+    assert media.image_size(_jpeg(640, 480)) == (640, 480)
+    assert media.image_size(_png(33, 44, 100)) == (33, 44)
+    assert media.image_size(b"not an image") is None
     jpeg = base64.b64encode(_jpeg(750, 1000)).decode()
     tokens = billed_tokens("", approximate_tokens, blocks=[{"type": "image", "base64": jpeg}])
     assert tokens == 1000 + MESSAGE_OVERHEAD
@@ -301,7 +301,7 @@ def test_tool_results_count_their_list_content_and_call_id() -> None:
     # 400 characters of text, "call_abcd" and the role "tool": 413 characters, 104 tokens.
     assert to_core(text_only, d.describe).tokens == 104 + MESSAGE_OVERHEAD
     assert to_core(text_only, d.describe).tokens == count_tokens_approximately([text_only])
-    assert to_core(blocks, d.describe).tokens == 104 + _media.IMAGE_TOKENS + MESSAGE_OVERHEAD
+    assert to_core(blocks, d.describe).tokens == 104 + media.IMAGE_TOKENS + MESSAGE_OVERHEAD
 
 
 def test_plain_text_fingerprints_are_unchanged_and_edited_args_recount() -> None:

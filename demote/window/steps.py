@@ -1,4 +1,4 @@
-"""The window's arithmetic over a :class:`~demote.window._groups.GroupIndex` (pure, no I/O).
+"""The window's arithmetic over a :class:`~demote.window.groups.GroupIndex` (pure, no I/O).
 
 Given the index of the window region ``[S, end)``, :func:`cut` answers, by bisection over
 the index's cumulative sums:
@@ -15,6 +15,10 @@ the index's cumulative sums:
    grows from one candidate to the next (the opener costs no more than the group head it
    stands for), so "the oldest start that fits" is a bisection;
 3. the placeholders, clipped results, the delivery bound and the overhang of the result.
+
+The room of the note a :class:`~demote.window.policy.LowWater` cut leaves is decided here
+too: its share of the limit (:func:`digest_tokens`), which a cut sets aside, and what it
+may take once the cut's window is planned (:func:`digest_room`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from demote.window._groups import GroupIndex
 from demote.window.clearing import DEFAULT_HEAD_TOKENS, ResultCosts
+from demote.window.groups import GroupIndex
 from demote.window.policy import (
     Bulk,
     ClearToolResults,
@@ -33,7 +37,15 @@ from demote.window.policy import (
     SlidingWindow,
 )
 
-__all__ = ["FIXED_STEP", "Cut", "cut", "default_clip", "digest_tokens", "result_costs"]
+__all__ = [
+    "FIXED_STEP",
+    "Cut",
+    "cut",
+    "default_clip",
+    "digest_room",
+    "digest_tokens",
+    "result_costs",
+]
 
 
 # (Policy id, fixed step) -> (the policy, its costs): every plan asks, and a policy never
@@ -229,6 +241,27 @@ def digest_tokens(policy: SlidingWindow) -> int:
     if policy.unit != "tokens" or not isinstance(eviction, LowWater):
         return 0
     return int(policy.limit * eviction.digest_share(policy.limit))
+
+
+def digest_room(policy: SlidingWindow, size: int, had: int = 0) -> int:
+    """Tokens the note a cut leaves may take, its lead and framing included.
+
+    Within the note's share of the limit (:func:`digest_tokens`), and within what the
+    limit leaves once the planned window is sent: the plan's ``size`` counted the old
+    note, which the new one replaces, so its ``had`` tokens are given back. Never over
+    the limit for the note: when what the cut keeps fills it, the room is ``0`` or less,
+    and the note is cut down to it or left out
+    (:func:`~demote.window.digest.make_digest`).
+
+    Args:
+        policy: The window's policy (a :class:`LowWater` token window has a share).
+        size: The planned window's size, in the policy's unit (the old note included).
+        had: The tokens the old note counted in ``size`` (``0``: there was none).
+
+    Returns:
+        ``min(share, limit - size + had)``: may be ``0`` or negative (no room).
+    """
+    return min(digest_tokens(policy), policy.limit - size + had)
 
 
 def _low_water(eviction: LowWater, sizes: _Sizes, unit: str, limit: int) -> int:

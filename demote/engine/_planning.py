@@ -1,11 +1,12 @@
 """A Demoter's planning part: plan a load against the committed state, build its Window.
 
-:class:`Windows` holds what planning needs (the policy, the per-conversation views, the
-token cache, the tally) and nothing that does I/O: it turns a history and the committed
-state into the :class:`~demote.engine._work.Work` a load delivers and commits
-(:meth:`Windows.prepare`), or the window of a stale copy, or of a history planned
-without the store (:meth:`Windows.from_history`), and builds the
-:class:`~demote.engine.result.Window` a load returns (:meth:`Windows.window`), with the
+:class:`Planning` holds what planning needs (the policy, the per-conversation views, the
+token cache, the tally, the :class:`~demote.engine._notes.Notes`) and nothing that does
+I/O: it turns a history and the committed state into the
+:class:`~demote.engine._work.Work` a load delivers and commits
+(:meth:`Planning.prepare`), or the window of a stale copy, or of a history planned
+without the store (:meth:`Planning.from_history`), and builds the
+:class:`~demote.engine.result.Window` a load returns (:meth:`Planning.window`), with the
 events of what it committed.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from demote._built import unchecked
+from demote.engine._notes import Notes
 from demote.engine._views import (
     View,
     ViewCache,
@@ -29,22 +31,20 @@ from demote.engine._views import (
     trail_at,
 )
 from demote.engine._work import FRESH, Tally, Work
-from demote.engine.result import Window, render_progress, render_summary
+from demote.engine.result import Window
 from demote.events import DemoteEvent
-from demote.records import ConversationState, MessageRecord, fingerprint, make_key
-from demote.window._steps import digest_tokens, result_costs
-from demote.window.clearing import ResultCosts
-from demote.window.digest import Call, make_digest
+from demote.records import ConversationState, MessageRecord, make_key
+from demote.window.clearing import ResultCosts, fitting_chars
 from demote.window.planner import Plan, needed_from, plan
 from demote.window.policy import Compact, SlidingWindow
-from demote.window.tokens import MessageCounter, TokenCache, approximate_tokens
+from demote.window.steps import result_costs
+from demote.window.tokens import TokenCache
 
-__all__ = ["Windows"]
+__all__ = ["Planning"]
 
 logger = logging.getLogger("demote")
 
 _TOKENS = operator.attrgetter("tokens")  # summed without a Python frame per record
-_SUMMARIES_KEPT = 1024  # summaries whose count is kept (a few per conversation at most)
 _new_window = unchecked(Window)  # every load makes one, of values checked here
 _new_state = unchecked(ConversationState)  # every move of the window: its plan's values
 _new_event = unchecked(DemoteEvent)  # every move's ``demoted`` event
@@ -69,42 +69,7 @@ def _stored_tokens(work: Work, old: int, new: int) -> tuple[int, int]:
     return after + sum(map(_TOKENS, records[old - base : new - base])), after
 
 
-def _calls(
-    dropped: Sequence[MessageRecord], messages: Sequence[Any], lo: int
-) -> list[tuple[Call, ...]] | None:
-    """The tool calls of each dropped record (``messages[lo + i]``), from its neutral form.
-
-    ``None`` when the messages are not at hand; a record without ``to_data`` has none.
-    """
-    if len(messages) < lo + len(dropped):
-        return None
-    out: list[tuple[Call, ...]] = []
-    for i, rec in enumerate(dropped):
-        if not rec.opens or rec.to_data is None:
-            out.append(())
-            continue
-        try:
-            data = rec.to_data(messages[lo + i])
-            calls = tuple(
-                Call(str(c.get("id") or ""), str(c.get("name") or ""), _args(c.get("args")))
-                for c in data.get("tool_calls") or ()
-                if isinstance(c, dict)
-            )
-        except Exception:  # the note is a help: a message it cannot read leaves no trail
-            logger.debug("demote: no trail for message %d", lo + i, exc_info=True)
-            calls = ()
-        out.append(calls)
-    return out
-
-
-def _args(args: object) -> dict[str, object]:
-    """A call's arguments as a mapping (a provider's raw string kept under ``args``)."""
-    if isinstance(args, dict):
-        return dict(args)
-    return {} if args is None else {"args": args}
-
-
-class Windows:
+class Planning:
     """Plans each load and builds the window it returns (no I/O; one per Demoter)."""
 
     def __init__(
@@ -123,15 +88,7 @@ class Windows:
         self._tally = tally
         self._noop = noop  # the hook keeps nothing: it accepts everything at once
         self._summarizer = summarizer
-        self._digest = digest_tokens(policy)
-        # A summary's count by its text: a load would otherwise render and hash it twice.
-        self._summaries: dict[str, int] = {}
-        text_counter = policy.resolved_counter()
-        # The digest's pieces are counted one by one, at a cut: a counter of whole
-        # framework messages would cost a model call each, so those are approximated.
-        self._count_text: Callable[[str], int] = (
-            approximate_tokens if isinstance(text_counter, MessageCounter) else text_counter
-        )
+        self._notes = Notes(policy, tokens)
 
     def from_history(
         self,
@@ -235,27 +192,8 @@ class Windows:
         )
 
     def _chars(self, text: str, tokens: int, from_end: bool) -> int:
-        """How many leading (or trailing) characters of ``text`` fit in ``tokens``.
-
-        The longest prefix (suffix) the policy's counter counts within ``tokens``: four
-        characters a token first (exact for the approximate counter), then by bisection.
-        """
-        counter = self.policy.resolved_counter()
-
-        def part(k: int) -> str:
-            return text[len(text) - k :] if from_end else text[:k]
-
-        n = min(len(text), 4 * tokens)
-        if counter(part(n)) <= tokens:
-            return n
-        lo, hi = 0, n - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if counter(part(mid)) <= tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """How many leading (or trailing) characters of ``text`` fit in ``tokens``."""
+        return fitting_chars(self.policy.resolved_counter(), text, tokens, from_end)
 
     def prepare(
         self,
@@ -276,7 +214,7 @@ class Windows:
         state = stored or FRESH
         given = reserved
         if state.summary is not None:
-            reserved = self._with_summary(state, reserved)
+            reserved = self._notes.with_summary(state, reserved)
         if self._views.is_stale(cid, messages, describe, state):
             # A request that read the history before a newer one appended to it: not a
             # rewrite, and not the current history either. Serve it its own window
@@ -392,35 +330,6 @@ class Windows:
             fixed=fixed,
         )
 
-    def _with_summary(self, state: ConversationState, reserved: int) -> int:
-        """``reserved`` plus the committed summary's tokens in a token window.
-
-        The summary is sent too (a system message, or the opener's progress note), so it
-        counts toward the limit like the rest of the request.
-        """
-        if state.summary is None or self.policy.unit != "tokens":
-            return reserved
-        return reserved + self._summary_tokens(state.summary)
-
-    def _summary_tokens(self, summary: str) -> int:
-        """What ``summary`` costs as sent, whichever form is larger.
-
-        A system message, or the progress note after an opener (a user message with its
-        own lead): the plan decides which after the summary is counted.
-        """
-        known = self._summaries.get(summary)
-        if known is not None:  # every load of an agent's window between cuts
-            return known
-        tokens = self.tokens
-        text = render_summary(summary)
-        as_system = tokens.count(fingerprint("system", text), text, role="system")
-        note = render_progress(summary)
-        as_note = tokens.count(fingerprint("user", note), note, role="user")
-        if len(self._summaries) >= _SUMMARIES_KEPT:
-            self._summaries.clear()
-        self._summaries[summary] = counted = max(as_system, as_note)
-        return counted
-
     def _advance(
         self, state: ConversationState, p: Plan, view: View, messages: Sequence[Any] = ()
     ) -> ConversationState:
@@ -449,18 +358,13 @@ class Windows:
         )
         summary, summarized = state.summary, state.summarized
         lo = max(state.window_start, p.pinned, view.base)
-        if self._digest and start > lo:
+        if self._notes.share and start > lo:
             # A LowWater cut: what it drops leaves a note behind, committed with the
             # window's start, so the prompt stays the same until the next cut. When what
             # the cut keeps leaves the note no room under the limit, it is cut down or
             # left out (it is what can be cut).
             dropped = view.records[lo - view.base : start - view.base]
-            # Within the digest's share, and within what the limit leaves once the plan's
-            # window (which counted the old digest) is sent: never over the limit for it.
-            had = self._summary_tokens(summary) if summary is not None else 0
-            budget = min(self._digest, self.policy.limit - p.size + had)
-            calls = _calls(dropped, messages, lo)
-            summary = make_digest(summary, dropped, budget, self._count_text, calls)
+            summary = self._notes.after_cut(summary, dropped, messages, lo, p.size)
             summarized = start if summary is not None else summarized
         # dataclasses.replace, without its introspection (this runs on most turns)
         return _new_state(
