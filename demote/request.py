@@ -40,7 +40,9 @@ feature (the note, recall, placeholders, stand-in results) obeys the same three 
 
 Sans-I/O: :func:`recall_flow` yields the search as a :class:`~demote.backends.flow.Call`
 (``search`` blocking, ``asearch`` awaited, or ``search`` in a worker thread) and returns
-what to place; :func:`compose` is pure.
+what to place; :func:`compose` is pure. Recall (its settings, search, fitting and memo)
+is here; :func:`compose` and what it is handed (:class:`Renderer`, :class:`Recalling`,
+:class:`Extra`, :func:`note_text`) are in :mod:`demote._composing`, exported from here.
 """
 
 from __future__ import annotations
@@ -51,14 +53,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
+from demote._composing import Extra, Recalling, Renderer, compose, note_text
 from demote._validate import count as _count
 from demote.backends.flow import Call, Flow
-from demote.engine import Demoter, Window, render_progress, render_summary
+from demote.engine import Demoter, Window
 from demote.errors import ConfigError
 from demote.events import DemoteEvent
-from demote.hooks.base import Recall
+from demote.recall import Recall
 from demote.records import Recalled
 from demote.window.policy import SlidingWindow
 
@@ -101,19 +104,6 @@ RECALL_SHARE = 1 / 72
 _MEMO_KEPT = 4096
 
 
-def note_text(window: Window[Any]) -> str | None:
-    """The text of the note the model is sent after the opener (or the pinned messages).
-
-    ``None`` without a committed summary. The note is a user message of its own in every
-    adapter: never a system message (some providers take those only at the start, and
-    others merge them into the system block, which would change it at every cut).
-    """
-    summary = window.summary
-    if not summary:
-        return None
-    return render_progress(summary) if window.opener is not None else render_summary(summary)
-
-
 def render_recall(hits: Sequence[Recalled]) -> str:
     """The text of the one message that carries recalled archive messages.
 
@@ -126,137 +116,6 @@ def render_recall(hits: Sequence[Recalled]) -> str:
     """
     ordered = sorted(hits, key=lambda r: r.index if r.index >= 0 else float("inf"))
     return RECALL_PREFIX + "\n".join(f"- {r.role}: {r.text}" for r in ordered)
-
-
-class Renderer(Protocol[T]):
-    """How one framework makes the messages :func:`compose` adds (its adapter's part)."""
-
-    def note(self, text: str) -> T:
-        """A user message carrying ``text`` (the summary or digest)."""
-
-    def recall(self, text: str) -> T:
-        """The recall message (a user message, or a system one when asked for)."""
-
-    def replaced(self, message: T, text: str) -> T:
-        """A copy of ``message`` sent with ``text`` instead of its content.
-
-        ``text`` is a placeholder or a clipped head, or for an assistant message the
-        marker of its cut calls.
-        """
-
-    def opens_calls(self, message: T) -> bool:
-        """Does ``message`` open tool calls?"""
-
-    def answer_dangling(self, messages: list[T]) -> list[T]:
-        """``messages`` with a stand-in result after each call left unanswered."""
-
-
-@dataclass(frozen=True, slots=True)
-class Recalling:
-    """What recall places in one request.
-
-    Attributes:
-        text: The recall message's text (:func:`render_recall` of ``hits``).
-        hits: The recalled messages it carries, best first.
-        after: Absolute index of the message it follows (the question), or ``None``
-            when the question is not stored yet: it then goes at the end.
-    """
-
-    text: str
-    hits: tuple[Recalled, ...]
-    after: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Extra(Generic[T]):
-    """Messages an adapter adds to a request besides the note and recall.
-
-    Each slot is for content that changes at one pace (see the module docstring), so
-    that placing it there breaks no more of a prompt cache than the request's own
-    parts already do. All are user messages: demote never adds a system message.
-
-    Attributes:
-        head: Content that never changes: right after the pinned system messages, before
-            the opener.
-        noted: Content that changes when what left the window is fed to it: right after
-            the note (after the opener when there is no note).
-        asked: Content that answers the question: right after it (after the recall).
-        after: Absolute index of the question ``asked`` follows, or ``None`` when it is
-            not stored yet: ``asked`` then goes at the end. Ignored when there is a
-            recall (it goes after the recall's question).
-    """
-
-    head: tuple[T, ...] = ()
-    noted: tuple[T, ...] = ()
-    asked: tuple[T, ...] = ()
-    after: int | None = None
-
-
-def compose(
-    window: Window[T],
-    renderer: Renderer[T],
-    recalling: Recalling | None = None,
-    extra: Extra[T] | None = None,
-) -> list[T]:
-    """The request's messages for ``window`` (a new list; stored messages are never changed).
-
-    In order: the pinned system messages, ``extra.head``, the opener (when the window
-    starts inside a turn), the note (:func:`note_text`), ``extra.noted``, the kept
-    messages with placeholders and clipped calls applied, and the recall message and
-    ``extra.asked`` right after the question (after the note when the question is the
-    opener; at the end when the question is not stored). Calls the conversation moved
-    on from get their stand-in results when a kept message opens one.
-
-    Args:
-        window: What :meth:`demote.Demoter.load` returned.
-        renderer: The adapter's message makers.
-        recalling: What :func:`recall_flow` found, if anything.
-        extra: The adapter's own additions, if any.
-    """
-    out = list(window.pinned)
-    if extra is not None:
-        out.extend(extra.head)
-    opener = window.opener
-    if opener is not None:
-        clipped = (
-            window.clipped.get(window.opener_index) if window.opener_index is not None else None
-        )
-        out.append(opener if clipped is None else renderer.replaced(opener, clipped))
-    note = note_text(window)
-    if note is not None:
-        out.append(renderer.note(note))
-    if extra is not None:
-        out.extend(extra.noted)
-    head = len(out)
-    if window.placeholders or window.clipped:
-        replacement = window.replacement
-        for i, m in enumerate(window.messages, window.start):
-            text = replacement(i)
-            out.append(m if text is None else renderer.replaced(m, text))
-    else:
-        out.extend(window.messages)
-    asked: list[T] = []
-    after = None if extra is None else extra.after
-    if recalling is not None:
-        asked.append(renderer.recall(recalling.text))
-        after = recalling.after
-    if extra is not None:
-        asked.extend(extra.asked)
-    if asked:
-        if after is not None and after == window.opener_index:
-            at = head
-        elif after is not None and window.start <= after < window.total:
-            at = head + after - window.start + 1
-        else:
-            at = len(out)
-        # Never between a call and its results (a question is a user message; only a
-        # recall placed at the end can follow a call that is about to run).
-        while at > head and renderer.opens_calls(out[at - 1]):
-            at -= 1
-        out[at:at] = asked
-    if window.calls:
-        out = renderer.answer_dangling(out)
-    return out
 
 
 def question_at(window: Window[T], is_user: Callable[[T], bool]) -> int | None:

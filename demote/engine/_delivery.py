@@ -3,7 +3,9 @@
 :class:`Delivery` is the part of a :class:`~demote.engine.Demoter` that talks to the
 hook and commits; the Demoter holds one. Everything is a generator of the
 operations in :mod:`demote.engine._flow`, shared by the sync and async drivers. What one
-hook call is handed, and what its outcome records, is :mod:`demote.engine._batches`.
+hook call is handed, and what its outcome records, is :mod:`demote.engine._batches`; the
+gate, the lease, the store's calls (through its breaker) and the fenced commit are its
+base, :class:`~demote.engine._holding.Holding` (:mod:`demote.engine._holding`).
 
 A *hold* is a conversation's in-process gate, and its store lease once taken. Only its
 owner delivers and commits. A load waits for the hook at most ``hook_wait`` (and never
@@ -20,28 +22,25 @@ the same way.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from demote.backends.breaker import Breaker, breaker_of, is_outage
 from demote.engine._batches import Batches
 from demote.engine._flow import Deliver, Outcome, Running
-from demote.engine._flow import store_call as _op
-from demote.engine._runner import HookRunner, LeaseKeeper
+from demote.engine._holding import Holding
+from demote.engine._runner import HookRunner
 from demote.engine._views import ViewCache
 from demote.engine._work import FRESH, REPLAY, UNREPLAYABLE, Detached, Hold, Tally, Work
 from demote.engine.retry import RetryTracker
-from demote.errors import HookTimeout, StoreUnavailable
+from demote.errors import HookTimeout
 from demote.events import DemoteEvent, Observers
 from demote.flow import Flow, Spawn, drive_async
 from demote.records import ConversationState
-from demote.state.base import Lease, StateStore
+from demote.state.base import StateStore
 
 logger = logging.getLogger("demote")
 
@@ -49,12 +48,13 @@ logger = logging.getLogger("demote")
 _SETTLED_KEPT = 10_000
 
 
-class Delivery:
+class Delivery(Holding):
     """Gate, lease, batches, fenced commit: a Demoter's delivery part.
 
     How a :class:`~demote.engine.Demoter` hands what left the window to its hook and
     commits the watermark; one per Demoter. It owns the in-process gates, the leases (and
-    their keeper), the store's breaker, the hook threads, the background flows and its
+    their keeper) and the store's breaker (its base, :class:`~demote.engine._holding.Holding`,
+    holds them), the hook threads, the background flows and its
     :class:`~demote.engine._batches.Batches`; the view cache, retry tracker, observers and
     tally it is given are the Demoter's, shared with its other parts.
     """
@@ -75,92 +75,24 @@ class Delivery:
         observers: Observers,
         tally: Tally,
     ) -> None:
-        self.state = state
+        super().__init__(state, lease_ttl)
         self.hook = hook
         self.hook_timeout = hook_timeout
         self.hook_wait = hook_wait
-        self.lease_ttl = lease_ttl
         self.max_batch = max_batch
         self._batches = Batches(hook, views, retry, tally)
         self._retry = retry
         self._observers = observers
         self._tally = tally
-        self._direct = bool(getattr(state, "nonblocking", False))
-        self.breaker: Breaker = breaker_of(state)
         self.runner = HookRunner(hook_threads, hook_queue)
-        self.keeper = LeaseKeeper(state, lease_ttl)
-        self.lock = threading.Lock()
-        self.gates: dict[str, Hold] = {}
         self.background: set[Any] = set()
         self.background_lock = threading.Lock()
-        # Leases whose release may have failed, or holders whose grant was not heard of.
-        self.stranded: dict[str, Lease | str] = {}
         # Conversations delivered to, whose commit then failed: the next delivery asks
         # the hook what it holds (``has_keys``) before handing it anything again.
         self.unsure: set[str] = set()
         # The generation a settle left messages pending under, per conversation, until
         # the background retries take it (what their replay expects: see REPLAY).
         self.settled: dict[str, int] = {}
-        self._instance = uuid.uuid4().hex[:12]
-        self._holders = itertools.count(1)
-
-    def store_op(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
-        """Call the state store: directly if it never blocks, else as a yielded op."""
-        if self._direct:
-            return getattr(self.state, name)(*args, **kwargs)
-        return (yield _op(self.state, name, *args, **kwargs))
-
-    def guarded(self, name: str, *args: Any, **kwargs: Any) -> Flow[Any]:
-        """A load's store call, through the store's breaker (see :mod:`demote.backends.breaker`).
-
-        Raises the store's error, or :class:`~demote.errors.StoreUnavailable` without
-        calling it while the breaker is open (or another call is its probe).
-        """
-        breaker = self.breaker
-        ticket = breaker.admit()
-        if ticket is None:
-            raise StoreUnavailable(
-                f"state store skipped: it failed recently (next probe in "
-                f"{breaker.retry_in():.2g} s)"
-            )
-        try:
-            result = yield from self.store_op(name, *args, **kwargs)
-        except Exception as exc:
-            if is_outage(exc):
-                breaker.failed(ticket)
-            else:  # it answered, with something wrong for one conversation
-                breaker.succeeded(ticket)
-            raise
-        except BaseException:  # cancelled, or the flow was closed: no answer
-            breaker.abandon(ticket)
-            raise
-        breaker.succeeded(ticket)
-        if result is None and name == "acquire_lease":  # another worker is delivering
-            replay = REPLAY.get()
-            if replay is not None and replay.conversation_id == args[0]:
-                replay.elsewhere = True  # (a background load: theirs to deliver)
-        return result
-
-    def unstrand(self, cid: str) -> Flow[None]:
-        """Release a lease an earlier load could not, before taking a new one.
-
-        A load whose store failed while it held the lease (or while it asked for one: the
-        server may have granted it and the reply been lost) leaves it to expire
-        (``lease_ttl``); without this, the conversation would not be demoted again
-        until then, although the store is back.
-        """
-        lease = self.stranded.pop(cid, None)
-        if lease is None:
-            return
-        try:
-            if isinstance(lease, Lease):
-                yield from self.guarded("release_lease", lease)
-            elif callable(getattr(self.state, "release_holder", None)):
-                # A grant whose reply was lost: only the holder name is known.
-                yield from self.guarded("release_holder", cid, lease)
-        except Exception:
-            self.stranded.setdefault(cid, lease)
-            raise
 
     def deliverable(self, cid: str, work: Work) -> bool:
         """Are messages pending, and may the hook be called for them now?"""
@@ -267,59 +199,7 @@ class Delivery:
             settled.clear()  # (only a hint for the background retries)
         settled[cid] = base
 
-    def commit(
-        self, hold: Hold, stored: ConversationState | None, new: ConversationState, *, release: bool
-    ) -> Flow[bool]:
-        """Compare-and-set ``new``, fenced by the hold's lease (released if asked)."""
-        lease = hold.lease
-        kwargs: dict[str, Any] = {}
-        if lease is not None:
-            release = release and hold.detached is None  # a running call keeps it
-            kwargs = {"lease": lease, "release": release}
-        cid = hold.conversation_id
-        if self._direct:
-            # No I/O: check in one step that no clear or forget of this process took the
-            # gate away meanwhile (without a lease, nothing else would tell).
-            with self.lock:
-                ok = self.gates.get(cid) is hold and self.state.compare_and_set(
-                    cid, stored, new, **kwargs
-                )
-        else:  # a lease fences it: clear and forget revoke it in the store
-            ok = yield from self.guarded("compare_and_set", cid, stored, new, **kwargs)
-        if lease is not None and kwargs["release"]:
-            hold.released = True
-            self.keeper.drop(lease)
-        if not ok:
-            logger.info(
-                "demote: commit for conversation %r refused (advanced or cleared elsewhere, "
-                "or the lease was lost); keeping theirs",
-                hold.conversation_id,
-            )
-        return bool(ok)
-
-    def release(self, hold: Hold) -> Flow[None]:
-        """Give the lease back now (unless a running hook call still needs it)."""
-        lease = hold.lease
-        if lease is None or hold.released or hold.detached is not None:
-            return
-        hold.released = True
-        self.keeper.drop(lease)
-        try:  # through the breaker: a store that is down costs no turn a timeout here
-            yield from self.guarded("release_lease", lease)
-        except Exception as exc:  # it expires on its own, or the next load releases it
-            self.stranded[hold.conversation_id] = lease
-            if not isinstance(exc, StoreUnavailable):  # (a skipped call is no news)
-                logger.warning("demote: releasing the lease of %r failed: %r", lease, exc)
-
     # -- the gate, and hook calls that outlive their wait --------------------------------------
-
-    def take(self, cid: str) -> Hold | None:
-        """The conversation's in-process gate, if free (never waits)."""
-        with self.lock:
-            if cid in self.gates:
-                return None
-            hold = self.gates[cid] = Hold(cid, f"{self._instance}:{next(self._holders)}")
-            return hold
 
     def take_leased(self, cid: str) -> Flow[Hold | None]:
         """The gate and, on a shared store, the lease (``None`` if either is busy)."""
@@ -351,19 +231,6 @@ class Delivery:
             self._adopt(hold)
             return
         self._free(hold)
-
-    def _free(self, hold: Hold) -> None:
-        lease = hold.lease
-        if lease is not None and not hold.released:  # the flow failed or was cancelled
-            hold.released = True
-            if self._direct:  # no I/O: give it back now
-                self.keeper.drop(lease)
-                self.state.release_lease(lease)  # type: ignore[attr-defined]
-            else:  # a cancelled flow cannot wait for a round trip
-                self.keeper.release_later(lease)
-        with self.lock:
-            if self.gates.get(hold.conversation_id) is hold:
-                del self.gates[hold.conversation_id]
 
     @staticmethod
     def _detacher(hold: Hold, detached: Detached) -> Callable[[Running], None]:
@@ -462,18 +329,6 @@ class Delivery:
             logger.warning("demote: cannot follow a running hook call of %r: %r", hold, exc)
             return False
         return True
-
-    def _strand(self, hold: Hold) -> None:
-        """Leave the hold's lease, if still out, to the next load, which releases it first.
-
-        The keeper's release could come after that load (or fail with the store), which
-        would then find the conversation held by this very process.
-        """
-        lease = hold.lease
-        if lease is not None and not hold.released:
-            hold.released = True
-            self.keeper.drop(lease)
-            self.stranded[hold.conversation_id] = lease
 
     def _late_failed(self, events: list[DemoteEvent], d: Detached, exc: Exception) -> None:
         took = time.perf_counter() - d.began

@@ -26,54 +26,44 @@ outlives its wait keeps the conversation busy, gate and lease, until it ends, so
 messages are never handed to the hook twice at once. Leases are renewed by a keeper thread
 while a hook runs; ``clear`` revokes them and leaves a tombstone one generation on, so a
 delivery begun before it commits nothing after it.
+
+This module holds the :class:`Demoter`'s public methods and its documented signature; its
+construction (the arguments checked, the parts made and wired to each other) is its base,
+:class:`~demote.engine._making.Making` (:mod:`demote.engine._making`).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from demote._closing import Closing
-from demote._validate import count, seconds
-from demote.engine._compaction import Compactor
-from demote.engine._degraded import Degradation
-from demote.engine._delivery import Delivery
 from demote.engine._describing import describe_message
-from demote.engine._erasing import Eraser
-from demote.engine._loading import Loader
-from demote.engine._pending import Retries
+from demote.engine._making import Making
 from demote.engine._stats import stats_of_conversation, stats_of_demoter
-from demote.engine._views import ViewCache
-from demote.engine._windows import Windows
-from demote.engine._work import FRESH, Tally
+from demote.engine._work import FRESH
 from demote.engine.result import Window
-from demote.engine.retry import Backoff, RetryTracker
+from demote.engine.retry import Backoff
 from demote.erase import EraseReport
-from demote.errors import ConfigError, DemoteWarning
+from demote.errors import ConfigError
 from demote.events import (
     ConversationStats,
     DegradedSource,
     DemoteEvent,
     DemoterStats,
     Observer,
-    Observers,
 )
 from demote.flow import Flow, drive_async, drive_sync
-from demote.hooks.simple import NoopHook, as_hook
 from demote.records import ConversationState, MessageRecord
 from demote.state.base import StateStore, validate_conversation_id
-from demote.state.memory import InMemoryStateStore
-from demote.summarize import check_summarizer
-from demote.window.policy import Compact, SlidingWindow
-from demote.window.tokens import TokenCache
+from demote.window.policy import SlidingWindow
 
 __all__ = ["Demoter"]
 
 T = TypeVar("T")
 
 
-class Demoter(Closing):
+class Demoter(Making, Closing):
     """Keeps each conversation's active window and demotes what falls out, once.
 
     One Demoter serves any number of conversations; share it across adapters.
@@ -144,92 +134,21 @@ class Demoter(Closing):
         hook_queue: int = 64,
         on_store_error: Literal["degrade", "raise"] = "degrade",
     ) -> None:
-        if not isinstance(policy, SlidingWindow):
-            raise ConfigError(f"policy: expected a SlidingWindow, got {type(policy).__name__}")
-        if on_hook_error not in ("log", "raise"):
-            raise ConfigError(f"on_hook_error: must be 'log' or 'raise', got {on_hook_error!r}")
-        if on_store_error not in ("degrade", "raise"):
-            raise ConfigError(
-                f"on_store_error: must be 'degrade' or 'raise', got {on_store_error!r:.40}"
-            )
-        self.hook_timeout = (
-            None if hook_timeout is None else seconds("hook_timeout", hook_timeout, optional=True)
-        )
-        self.hook_wait = None if hook_wait is None else seconds("hook_wait", hook_wait)
-        self.lease_ttl = seconds("lease_ttl", lease_ttl)
-        if retry is not None and not isinstance(retry, Backoff):
-            raise ConfigError(f"retry: expected a Backoff, got {type(retry).__name__}")
-        self.max_batch = count("max_batch", max_batch)
-        self.policy = policy
-        self.hook: object = NoopHook() if hook is None else as_hook(hook)
-        store = InMemoryStateStore() if state is None else state
-        for method in ("get", "compare_and_set"):
-            if not callable(getattr(store, method, None)):
-                raise ConfigError(f"state: {type(store).__name__} has no {method}() method")
-        self.state: StateStore = store
-        self._on_hook_error: Literal["log", "raise"] = on_hook_error
-        self._on_store_error: Literal["degrade", "raise"] = on_store_error
-        if summarizer is not None:
-            check_summarizer(summarizer)
-        elif isinstance(policy.eviction, Compact):
-            warnings.warn(
-                "a Compact policy without a summarizer behaves as bulk eviction at "
-                "limit + 2 x compact_count; pass summarizer= to keep the gist in the prompt",
-                DemoteWarning,
-                stacklevel=2,
-            )
-        self.summarizer = summarizer
-        self.tokens = TokenCache(policy.counter)
-        self._noop = type(self.hook) is NoopHook
-        attach = getattr(store, "attach", None)
-        if callable(attach):
-            attach()
-        self._views = ViewCache(count("cached_conversations", cached_conversations))
-        self._retry = RetryTracker(retry or Backoff())
-        self._observers = Observers()
-        self._tally = Tally()
-        # Its parts, each with its own state: delivery (gates, leases, the store's
-        # breaker, hook threads, background flows), degraded mode, summaries, erase,
-        # planning, and the load that drives them.
-        self._delivery = Delivery(
-            store,
-            self.hook,
-            hook_timeout=self.hook_timeout,
-            hook_wait=self.hook_wait,
-            lease_ttl=self.lease_ttl,
-            max_batch=self.max_batch,
-            hook_threads=count("hook_threads", hook_threads),
-            hook_queue=count("hook_queue", hook_queue, minimum=0),
-            views=self._views,
-            retry=self._retry,
-            observers=self._observers,
-            tally=self._tally,
-        )
-        self._degradation = Degradation(self._delivery.breaker, self._observers, self._tally)
-        parts = (self._delivery, self._observers, self._tally)
-        self._compactor = None if summarizer is None else Compactor(summarizer, *parts)
-        self._windows = Windows(
-            policy, self._views, self.tokens, self._tally, noop=self._noop, summarizer=summarizer
-        )
-        self._loader = Loader(
-            self._windows,
-            self._delivery,
-            self._degradation,
-            self._compactor,
-            self._views,
-            self._observers,
-            self._tally,
-            on_store_error=on_store_error,
+        self._make(
+            policy,
+            hook,
+            state=state,
             on_hook_error=on_hook_error,
-            noop=self._noop,
-        )
-        # Conversations whose last load left messages pending, loaded again in the
-        # background (bounded like the views), so they need no next load of their own.
-        self._retries = Retries(
-            self._loader, self._delivery, self._retry, self._tally, self._views.size
-        )
-        self._eraser = Eraser(
-            self._delivery, self._compactor, self._views, self._retry, self._tally, self._retries
+            hook_timeout=hook_timeout,
+            hook_wait=hook_wait,
+            summarizer=summarizer,
+            lease_ttl=lease_ttl,
+            cached_conversations=cached_conversations,
+            retry=retry,
+            max_batch=max_batch,
+            hook_threads=hook_threads,
+            hook_queue=hook_queue,
+            on_store_error=on_store_error,
         )
 
     # -- describing messages -------------------------------------------------------------
