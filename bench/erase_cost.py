@@ -27,8 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from demote.archive import _lexical
-from demote.archive.sqlite import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive, drop_terms
 from demote.backends.wal import truncate_wal
 from demote.records import DemotedMessage, Demotion
 
@@ -59,7 +58,7 @@ def rows_only(path: Path, cid: str) -> float:
     db.execute("PRAGMA secure_delete = ON")
     began = time.perf_counter()
     db.execute("BEGIN IMMEDIATE")
-    _lexical.drop_terms(db, cid)
+    drop_terms(db, cid)
     db.execute("DELETE FROM messages WHERE conversation_id = ?", (cid,))
     db.execute("COMMIT")
     truncate_wal(db)

@@ -241,7 +241,16 @@ def rebuild_terms(db: sqlite3.Connection, chunk: int = 2000) -> None:
 
 
 def drop_terms(db: sqlite3.Connection, conversation_id: str) -> None:
-    """Forget ``conversation_id``'s statistics (its messages are being deleted)."""
+    """Forget ``conversation_id``'s statistics (its messages are being deleted).
+
+    Deletes its rows of ``conversations``, ``terms`` and ``speakers`` through ``db``, a
+    connection to a :class:`~demote.archive.sqlite.SQLiteArchive` file, in the caller's
+    write transaction: the first step of an erase (:meth:`SQLiteArchive.erase
+    <demote.archive.sqlite.SQLiteArchive.erase>` runs it, then deletes the messages and
+    merges the full-text index). It is public so that ``python -m bench.erase_cost`` can
+    time an erase without that merge; whoever calls it deletes the conversation's
+    messages in the same transaction, or the archive's statistics no longer match them.
+    """
     db.execute("DELETE FROM speakers WHERE conversation_id = ?", (conversation_id,))
     db.execute(
         "DELETE FROM terms WHERE conversation = "

@@ -23,8 +23,9 @@ it, so a search for a word returns the message that says it first.
 The optional methods (:class:`Methods`, all off by default) act on these scores: query
 decomposition merges the rankings of a question's sub-queries (:mod:`._decompose`), the
 entity index lifts and lets in the messages linked to a name the query contains
-(:mod:`._entities`, SQLite only), time awareness lifts the messages dated within the time
-it names (:mod:`._time`), and a user's reranker re-scores the best candidates.
+(:mod:`demote.archive.sqlite._entities`, SQLite only), time awareness lifts the messages
+dated within the time it names (:mod:`._time`), and a user's reranker re-scores the best
+candidates.
 
 With vectors, the query's ``pool`` nearest messages by cosine are fused with the lexical
 scores: a weighted sum of min-max-normalised scores, or reciprocal-rank fusion. Then a
@@ -32,18 +33,18 @@ query that names a speaker of the conversation multiplies that speaker's message
 and :func:`~demote.archive._rank.select` takes the best hits (with their followers, as
 units) within ``k`` and the token budget. Scores are higher-better and comparable within
 one search only. The scoring itself is pure (:mod:`demote.archive._rank`); this module only
-fetches the rows it needs (:mod:`demote.archive._lexical`, :mod:`demote.archive._vectors`).
+asks for the rows it needs, and each archive reads them from its own storage
+(:func:`demote.archive.sqlite._reads.answer`, :mod:`demote.archive.postgres._search`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from demote.archive import _decompose, _entities, _fts, _lexical, _rank, _time, _vectors, args
+from demote.archive import _decompose, _fts, _rank, _time, _vectors, args
 from demote.archive._fts import query_terms
 from demote.records import Recalled
 
@@ -138,7 +139,7 @@ class Request(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Searcher:
-    """An archive's search options and caches; :meth:`lookup` runs one search."""
+    """An archive's search options and caches; :meth:`flow` runs one search."""
 
     ranking: _rank.Ranking
     speaker_weight: float
@@ -179,7 +180,8 @@ class Searcher:
 
         It yields what it needs from the store (a :data:`Need`), is sent the answer, and
         returns the hits. Every archive answers the same needs from its own storage
-        (:meth:`lookup` for SQLite), so the ranking around them is written once.
+        (:func:`demote.archive.sqlite._reads.answer` for SQLite), so the ranking around
+        them is written once.
         """
         terms, k, budget = request.terms, request.k, request.budget
         after, methods = self.ranking.after, self.methods
@@ -252,37 +254,6 @@ class Searcher:
             return scores
         chosen = {i for i, d in dates.items() if _time.within(d, found)}
         return _rank.favour(scores, chosen, self.methods.time_weight)
-
-    def lookup(
-        self, db: sqlite3.Connection, request: Request, vector: Sequence[float] | None
-    ) -> list[Recalled]:
-        """Run ``request`` on ``db`` (inside a transaction) with the query's ``vector``."""
-        conversation_id = request.conversation_id
-        steps = self.flow(request, vector)
-        reply: Any = None
-        while True:
-            try:
-                need = steps.send(reply)
-            except StopIteration as stop:
-                return list(stop.value)
-            if isinstance(need, Speakers):
-                reply = _lexical.speakers(db, conversation_id)
-            elif isinstance(need, Lexical):
-                reply = _lexical.score(
-                    db,
-                    conversation_id,
-                    scope(conversation_id),
-                    need.terms,
-                    self.stems(db, need.terms),
-                    self.ranking,
-                    need.k,
-                )
-            elif isinstance(need, Dense):
-                reply = self.vectors.top(db, conversation_id, need.vector, need.n)
-            elif isinstance(need, Entities):
-                reply = _entities.linked(db, conversation_id, need.terms, need.speakers)
-            else:
-                reply = _lexical.rows_at(db, conversation_id, need.indexes)
 
     def fuse(self, lexical: dict[int, float], dense: dict[int, float]) -> dict[int, float]:
         """The lexical and dense scores combined by the archive's fusion."""

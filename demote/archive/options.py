@@ -17,19 +17,27 @@ Example::
     tuned = ArchiveOptions(time_weight=0.5, packing=0.2)
     local = SQLiteArchive("archive.db", options=tuned)
     fleet = PostgresArchive("postgresql://app@db/app", options=tuned)  # ranks the same way
+
+What every archive does with its options, once, is here too, private to the archives:
+``_merged`` gives the options an archive was given (``options=`` with its keywords laid
+over it); ``_searcher`` builds the :class:`~demote.archive._search.Searcher` that ranks
+with them; ``_model_parts`` wraps the embedding model and probes its dimension;
+``_describe`` turns a ``context=`` callable's answer into the indexed context string and
+the speaker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal, TypedDict
 
 from demote._validate import count
-from demote.archive import args
+from demote.archive import _rank, _search, _vectors, args
+from demote.archive._fts import STOP_WORDS
 from demote.archive._search import Reranker
 from demote.archive.context import message_context
-from demote.archive.embeddings import as_embedder
+from demote.archive.embeddings import Embedder, as_embedder
 from demote.errors import ArgumentTypeError, ConfigError
 from demote.records import DemotedMessage
 from demote.window.tokens import Counter
@@ -125,7 +133,7 @@ class ArchiveOptions:
             budget is unchanged.
         media: How the whole messages' media are stored: ``"reference"`` (the default)
             keeps URLs, file ids, types and sizes and drops base64 bytes
-            (:func:`demote.window._media.data_by_reference`); ``"bytes"`` keeps them, so
+            (:func:`demote.window.media.data_by_reference`); ``"bytes"`` keeps them, so
             the messages come back exactly as they were.
 
     Raises:
@@ -206,3 +214,92 @@ class ArchiveKeywords(TypedDict, total=False):
     rerank_weight: float
     packing: float
     media: Literal["reference", "bytes"]
+
+
+# What every archive does with its options (see the module docstring).
+
+_FIELDS = frozenset(f.name for f in fields(ArchiveOptions))
+
+
+def _merged(archive: str, options: object, keywords: Mapping[str, object]) -> ArchiveOptions:
+    """``options`` (or the defaults) with each field ``keywords`` names replaced, checked.
+
+    Raises:
+        ArgumentTypeError: ``options`` is not an :class:`ArchiveOptions`, or a keyword
+            is none of its fields (the message names the archive and the keyword).
+        ConfigError: A field is out of range; the message names it.
+    """
+    if options is None:
+        options = ArchiveOptions()
+    elif not isinstance(options, ArchiveOptions):
+        raise ArgumentTypeError(
+            f"options: must be an ArchiveOptions or None, got {type(options).__name__}"
+        )
+    unknown = sorted(set(keywords) - _FIELDS)
+    if unknown:
+        raise ArgumentTypeError(f"{archive}() got an unexpected keyword argument {unknown[0]!r}")
+    return replace(options, **keywords) if keywords else options  # type: ignore[arg-type]
+
+
+def _model_parts(options: ArchiveOptions) -> tuple[Embedder | None, int | None]:
+    """The embedding model of ``options`` wrapped, and its dimension.
+
+    The dimension probe runs here, before the archive opens its file or pool and outside
+    any lock, so a failing model leaves nothing behind.
+    """
+    if options.embeddings is None:
+        return None, None
+    embedder = as_embedder(options.embeddings)
+    _vectors.numpy()  # fail now, not at the first delivery
+    return embedder, len(embedder.embed_query("dimensions"))
+
+
+def _embedded(speaker: str, text: str) -> str:
+    """What is embedded for a message: its text, after its speaker when it has one."""
+    return f"{speaker}: {text}" if speaker else text
+
+
+def _searcher(options: ArchiveOptions, *, entity_weight: float = 0.0) -> _search.Searcher:
+    """The searcher that ranks with ``options`` (checked when they were made).
+
+    ``entity_weight`` is the SQLite archive's own option (its entity index), checked by it.
+    """
+    words = STOP_WORDS if options.stop_words is None else options.stop_words
+    return _search.Searcher(
+        ranking=_rank.Ranking(
+            (0.0, 1.0, options.context_weight, options.adjacent_weight),
+            options.candidates,
+            options.coverage,
+            options.neighbours,
+            options.after,
+            options.packing,
+        ),
+        speaker_weight=options.speaker_weight,
+        fusion=options.fusion,
+        dense_weight=options.dense_weight,
+        count=args.counter(options.counter),
+        stop_words=frozenset(w.lower() for w in words),
+        methods=_search.Methods(
+            entity_weight=entity_weight,
+            time_weight=options.time_weight,
+            decompose=options.decompose,
+            reranker=options.reranker,
+            rerank_depth=options.rerank_depth,
+            rerank_weight=options.rerank_weight,
+        ),
+    )
+
+
+def _describe(context: object, message: DemotedMessage) -> tuple[str, str]:
+    """The context string indexed with ``message`` and its speaker (``""`` if none).
+
+    Args:
+        context: The archive's ``context=`` callable, or ``None``.
+        message: The message being archived.
+    """
+    found = context(message) if callable(context) else None
+    speaker = ""
+    if isinstance(found, Mapping):
+        speaker = str(found.get("speaker") or "")
+        found = " ".join(str(v) for v in found.values() if v)
+    return (str(found) if found else ""), speaker

@@ -20,6 +20,9 @@ it from the run (the LangGraph thread) or the memory, and the archive scopes eve
 it, so a key of another conversation is simply not found and a query is only ever text.
 
 The answer's text is rendered by :mod:`demote.archive.render`.
+
+Both adapters' ``recall_tool(archive, conversation_id, **options)`` take the same
+options, declared once (:class:`RecallToolOptions`) and checked once (:func:`tool_setup`).
 """
 
 from __future__ import annotations
@@ -27,23 +30,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, Field
 
 from demote.archive.render import MIN_HIT_TOKENS, render_fetched, render_hits
 from demote.backends.flow import Call
-from demote.errors import ConfigError
-from demote.hooks.base import ArchiveRecall
+from demote.errors import ArgumentTypeError, ConfigError
+from demote.recall import ArchiveRecall
 from demote.window.tokens import Counter, approximate_tokens, resolve_counter
 
 __all__ = [
     "NO_CONVERSATION",
     "TOOL_DESCRIPTION",
+    "TOOL_NAME",
     "RecallArgs",
     "RecallOptions",
+    "RecallToolOptions",
+    "RecallToolSetup",
     "answer",
     "tool_options",
+    "tool_setup",
 ]
 
 logger = logging.getLogger("demote")
@@ -61,6 +68,8 @@ TOOL_DESCRIPTION = (
     "the key a placeholder such as '[... result cleared: ... archived as key K ...]' names; "
     "a long one is cut, and the cut names the `start` to pass with the key to read on."
 )
+#: A recall tool's name unless it is given one.
+TOOL_NAME = "recall"
 _ECHO = 80  # characters of the model's own query or key echoed back
 
 
@@ -175,6 +184,94 @@ def tool_options(
     )
 
 
+class RecallToolOptions(TypedDict, total=False):
+    """The options of both adapters' ``recall_tool``, each a keyword argument (all optional).
+
+    ``langchain_demote.recall_tool`` and ``llamaindex_demote.recall_tool`` take the same
+    options with the same defaults, checked by :func:`tool_setup`.
+
+    Attributes:
+        k: Hits a search returns when the model does not say (5).
+        max_k: Most hits the model may ask for (20).
+        budget_tokens: Tokens a search answer takes at most when the model does not say
+            (500).
+        max_budget_tokens: Most tokens the model may ask for (4000).
+        fetch_budget_tokens: Tokens a fetched message takes at most when the model does
+            not say (2000; longer ones are cut, and the cut says so).
+        counter: Counts the answer's tokens: use the policy's counter (``"approx"``, the
+            default, ``"tiktoken"`` or a ``str -> int`` callable).
+        snippets: Show a long search hit by its lines that match the query best (each
+            hit within its share of the budget; the default); ``False``: by its head.
+        name: The tool's name (:data:`TOOL_NAME`; the placeholders of cleared results say
+            "the recall tool").
+        description: What the model is told the tool does (:data:`TOOL_DESCRIPTION`).
+    """
+
+    k: int
+    max_k: int
+    budget_tokens: int
+    max_budget_tokens: int
+    fetch_budget_tokens: int
+    counter: str | Counter
+    snippets: bool
+    name: str
+    description: str
+
+
+_TOOL_OPTIONS = frozenset(RecallToolOptions.__annotations__)
+_DEFAULT = RecallOptions()  # the bounds' defaults
+
+
+@dataclass(frozen=True, slots=True)
+class RecallToolSetup:
+    """A recall tool's checked options (:func:`tool_setup`).
+
+    Attributes:
+        options: Its bounds.
+        name: Its name.
+        description: What the model is told it does.
+    """
+
+    options: RecallOptions
+    name: str
+    description: str
+
+
+def tool_setup(
+    archive: object, options: RecallToolOptions, *, tool: str = "recall_tool"
+) -> RecallToolSetup:
+    """Check a recall tool's archive and :class:`RecallToolOptions` (both adapters).
+
+    An option not given takes its default: the bounds' are :class:`RecallOptions`', the
+    name :data:`TOOL_NAME`, the description :data:`TOOL_DESCRIPTION`.
+
+    Args:
+        archive: What the tool reads (see :func:`tool_options`).
+        options: The options given.
+        tool: The function that takes them, named in the error for an unknown option.
+
+    Raises:
+        ArgumentTypeError: An option is none of :class:`RecallToolOptions`.
+        ConfigError: See :func:`tool_options`.
+    """
+    unknown = sorted(set(options) - _TOOL_OPTIONS)
+    if unknown:
+        raise ArgumentTypeError(f"{tool}() got an unexpected keyword argument {unknown[0]!r}")
+    name = options.get("name", TOOL_NAME)
+    bounds = tool_options(
+        archive,
+        name,
+        k=options.get("k", _DEFAULT.k),
+        max_k=options.get("max_k", _DEFAULT.max_k),
+        budget_tokens=options.get("budget_tokens", _DEFAULT.budget_tokens),
+        max_budget_tokens=options.get("max_budget_tokens", _DEFAULT.max_budget_tokens),
+        fetch_budget_tokens=options.get("fetch_budget_tokens", _DEFAULT.fetch_budget_tokens),
+        counter=options.get("counter", _DEFAULT.counter),
+        snippets=options.get("snippets", _DEFAULT.snippets),
+    )
+    return RecallToolSetup(bounds, name, options.get("description", TOOL_DESCRIPTION))
+
+
 def answer(
     archive: ArchiveRecall,
     conversation_id: str | None,
@@ -191,7 +288,7 @@ def answer(
     Run by :func:`demote.backends.flow.drive_sync` or :func:`demote.backends.flow.drive_async`.
 
     Args:
-        archive: An :class:`~demote.hooks.base.ArchiveRecall` (``search`` and ``fetch``,
+        archive: An :class:`~demote.recall.ArchiveRecall` (``search`` and ``fetch``,
             and optionally their async twins): ``SQLiteArchive``, ``PostgresArchive``.
         conversation_id: The run's conversation, bound by the adapter (``None``: the run
             names none).

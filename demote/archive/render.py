@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from demote.archive._data import row_data
 from demote.archive._fts import query_terms
-from demote.archive._schema import row_data
 from demote.records import Recalled
 from demote.window.tokens import Counter, approximate_tokens
 
@@ -280,7 +280,7 @@ def recalled_from_columns(columns: Mapping[str, Any]) -> Recalled:
     """A :class:`Recalled` from an archive row's columns, by name (score ``0``).
 
     Reads ``idx``, ``role``, ``text`` and ``key``; the whole message from ``data`` (the
-    archives' JSON column, :func:`demote.archive._schema.row_data`, or an already decoded
+    archives' JSON column, :func:`demote.archive._data.row_data`, or an already decoded
     object) and the archive time from ``archived_at`` or ``at`` (seconds since the epoch,
     or an ISO timestamp) when the row has them. A row without them, or with a
     value that cannot be read, degrades to a text-only hit.

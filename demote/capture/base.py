@@ -14,6 +14,9 @@ to ``flush_timeout``; if it fails it is not retried), so that the sink's own era
 :meth:`demote.Demoter.erase` runs next (the sink is the Recorder's part), comes after it.
 If it does not end in time erase raises :class:`~demote.errors.HookTimeout`: the item may
 still land in the sink after the sink was erased, and the report says the tier failed.
+
+:class:`Capture` is the protocol of what takes each new user turn off the request path:
+a Recorder is one (:meth:`RecorderBase.capture`), and so is ``Mem0Capture``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from demote._validate import count, seconds
 from demote.capture.codec import conversation_of, decode, dedup_key, encode, is_blank
@@ -49,6 +52,7 @@ __all__ = [
     "CURRENT_KEY",
     "MAX_QUEUED",
     "AsyncCall",
+    "Capture",
     "RecorderBase",
     "SyncCall",
     "current_key",
@@ -68,6 +72,14 @@ CURRENT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 SyncCall = Callable[[Any], object]
 AsyncCall = Callable[[Any], Coroutine[Any, Any, object]]
+
+
+@runtime_checkable
+class Capture(Protocol):
+    """Takes each new user turn off the request path (``Mem0Capture``): never blocks."""
+
+    def capture(self, turn: CapturedTurn) -> None:
+        """Queue ``turn`` for extraction; must return at once."""
 
 
 def current_key() -> str | None:

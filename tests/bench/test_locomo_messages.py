@@ -12,9 +12,9 @@ if str(ROOT) not in sys.path:  # ``bench`` is a top-level directory, not an inst
     sys.path.insert(0, str(ROOT))
 
 from bench.locomo_messages import SPELLINGS, Framed  # noqa: E402
-from bench.recall_locomo import speaker_context  # noqa: E402
-from demote.archive._options import describe  # noqa: E402
+from bench.locomo_protocol import speaker_context  # noqa: E402
 from demote.archive.context import message_context  # noqa: E402
+from demote.archive.options import _describe as describe  # noqa: E402
 from demote.records import DemotedMessage, Demotion, Recalled  # noqa: E402
 
 TURNS = [

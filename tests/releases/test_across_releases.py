@@ -35,7 +35,7 @@ from demote import (
     SQLiteStateStore,
     StoreError,
 )
-from demote.archive import _schema as archive_schema
+from demote.archive.sqlite import _schema as archive_schema
 from demote.capture import Recorder, SQLiteOutbox
 from demote.records import CapturedTurn
 from demote.state.sqlite import SCHEMA_VERSION

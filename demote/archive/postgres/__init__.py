@@ -50,9 +50,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, Unpack
 
 from demote._closing import Closing
-from demote.archive import _options, args
+from demote.archive import args
 from demote.archive.embeddings import Embedder
-from demote.archive.options import ArchiveKeywords, ArchiveOptions
+from demote.archive.options import (
+    ArchiveKeywords,
+    ArchiveOptions,
+    _merged,
+    _model_parts,
+    _searcher,
+)
 from demote.archive.postgres import _flows, _rows, _schema, _search, _writes
 from demote.archive.postgres._flows import SqlFlow
 from demote.archive.postgres._ops import Db, Embed, Prepare
@@ -150,15 +156,15 @@ class PostgresArchive(Closing):
         **recall: Unpack[ArchiveKeywords],
     ) -> None:
         table = table_name(table, 41)
-        self.options = _options.merged("PostgresArchive", options, recall)
-        self._searcher = _options.searcher(self.options)
+        self.options = _merged("PostgresArchive", options, recall)
+        self._searcher = _searcher(self.options)
         self._media = self.options.media
         self._context = self.options.context
         on_model_change = self.options.on_model_change
         _schema.check_option(vectors)
         self.table = table
         self.read_only = read_only
-        self._embedder, dims = _options.model_parts(self.options)
+        self._embedder, dims = _model_parts(self.options)
         self._matrices = _search.Matrices()
         self._st: Statements
         self._cleared = False  # the model changed: the vectors are to be embedded again

@@ -15,7 +15,7 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from demote.archive import _schema, _vectors
+from demote.archive import _data, _vectors
 from demote.archive._search import scope
 from demote.archive.postgres._statements import Statements
 from demote.backends.postgres import atransaction, transaction
@@ -195,7 +195,7 @@ def messages(st: Statements, conversation_id: str) -> SqlFlow[list[Recalled]]:
     """Every stored message of the conversation, in index order, whole where known."""
     rows = yield Stmt(st.messages, _ids(conversation_id))
     return [
-        Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
+        Recalled(role, text, idx, key, data=_data.row_data(role, text, data), at=at)
         for idx, role, text, key, data, at in rows
     ]
 
@@ -216,7 +216,7 @@ def with_data(
     out = []
     for r in hits:
         data, at = by_key.get(r.key, (None, None))
-        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
+        out.append(dataclasses.replace(r, data=_data.row_data(r.role, r.text, data), at=at))
     return out
 
 

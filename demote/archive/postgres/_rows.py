@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from demote.archive import _options, _schema
+from demote.archive import _data
+from demote.archive.options import _describe
 from demote.archive.postgres._flows import Row
 from demote.archive.postgres._text import index_words
 from demote.kit import data_by_reference
@@ -26,12 +27,12 @@ def text(value: str) -> str:
 
 def row(message: DemotedMessage, context_fn: object, media: Literal["reference", "bytes"]) -> Row:
     """``message`` as a row (``context_fn`` gives its context and speaker)."""
-    context, speaker = _options.describe(context_fn, message)
+    context, speaker = _describe(context_fn, message)
     data = message.data
     if data is not None and media == "reference":
         data = data_by_reference(data)
     body, context = text(searchable_text(message.text, data)), text(context)
-    stored = _schema.stored_data(body, data)
+    stored = _data.stored_data(body, data)
     return Row(
         int(message.index),
         text(str(message.role)),

@@ -28,7 +28,7 @@ lists to one conversation. Every statement also compares ``conversation_id``.
 and the scope (``D``); ``tokens`` counts its positions (BM25's document length). ``text``
 is the message text with one line per tool call (:func:`demote.records.searchable_text`),
 ``data`` the whole message as JSON text (as in the SQLite archive:
-:func:`demote.archive._schema.stored_data`), ``archived_at`` when it was stored. Version 1
+:func:`demote.archive._data.stored_data`), ``archived_at`` when it was stored. Version 1
 tables gain the last two, ``NULL`` in their rows, which come back text-only.
 
 Migrations run in one transaction under an advisory lock on the table's name, so workers

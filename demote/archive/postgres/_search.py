@@ -1,7 +1,7 @@
 """One search of the PostgreSQL archive: the SQLite archive's ranking, fed from SQL.
 
 :meth:`demote.archive._search.Searcher.flow` does the ranking and asks for what it needs;
-this flow answers from PostgreSQL, as :meth:`~demote.archive._search.Searcher.lookup`
+this flow answers from PostgreSQL, as :func:`demote.archive.sqlite._reads.answer`
 answers from SQLite, so both archives rank the same candidates the same way:
 
 1. One statement reads the conversation's statistics (message and token counts, vector

@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Literal
 
-from demote.archive import _options, args
-from demote.archive._options import ContextFn
+from demote.archive import args
 from demote.archive.embeddings import Embedder
+from demote.archive.options import ContextFn, _embedded
 from demote.archive.postgres import _flows, _rows
 from demote.archive.postgres._ops import Db, Embed
 from demote.archive.postgres._statements import Statements
@@ -46,7 +46,7 @@ def deliver(
         known = yield Db(pools, lambda: _flows.has_keys(st, cid, keys))
         new = list({r.key: r for r in rows if r.key not in known}.values())
         if new:
-            texts = [_options.embedded(r.speaker, r.text) for r in new]
+            texts = [_embedded(r.speaker, r.text) for r in new]
             embedded = yield Embed(embedder, documents=texts)
             vectors = {r.key: v for r, v in zip(new, embedded, strict=True)}
     model = embedder.name if embedder is not None else ""
@@ -63,7 +63,7 @@ def embed_pending(pools: Pools, st: Statements, embedder: Embedder, batch_size: 
         rows = yield Db(pools, lambda: _flows.unembedded(st, batch_size))
         if not rows:
             return done
-        texts = [_options.embedded(speaker, text) for _, text, speaker in rows]
+        texts = [_embedded(speaker, text) for _, text, speaker in rows]
         embedded = yield Embed(embedder, documents=texts)
         pairs = [(row[0], vector) for row, vector in zip(rows, embedded, strict=True)]
         yield Db(pools, partial(_flows.store_vectors, st, pairs, embedder.name), write=True)

@@ -1,6 +1,6 @@
 """The embedded default long-tail store: a SQLite file with full-text and dense recall.
 
-The schema and its migrations are in :mod:`demote.archive._schema`. ``messages_fts`` is an
+The schema and its migrations are in :mod:`demote.archive.sqlite._schema`. ``messages_fts`` is an
 external-content FTS5 index over ``messages``, kept in step by triggers, so the text is
 stored once. ``scope`` is a hex digest of the conversation id, indexed as one token: a
 search matches ``scope`` *and* the query, so FTS5 itself narrows the posting lists to one
@@ -20,11 +20,12 @@ nearest vectors when the archive has an embedding model (:mod:`demote.archive._v
 favouring a speaker the query names, cut to ``k`` hits and a token budget. The scoring is
 pure (:mod:`demote.archive._rank`), so other stores can give the same answers.
 
-Erase (:meth:`SQLiteArchive.erase`, :mod:`demote.archive._erasure` explains it): the
+Erase (:meth:`SQLiteArchive.erase`, :mod:`demote.archive.sqlite._erasure` explains it): the
 conversation's rows, full-text entries, term statistics and vectors are deleted with
 ``secure_delete`` on, the full-text index is merged so no segment keeps its tokens, and
 the WAL is truncated; its fencing token is remembered (by a hash of the id) so a stale
-worker's late batch is refused.
+worker's late batch is refused. :func:`drop_terms`, the erase's first step, is public for
+the benchmark that times an erase's parts (``python -m bench.erase_cost``).
 """
 
 from __future__ import annotations
@@ -37,25 +38,28 @@ from typing import Unpack
 
 from demote._closing import Closing
 from demote._validate import count, file_path, seconds
-from demote.archive import (
-    _erasure,
-    _options,
-    _search,
-    _vectors,
-    args,
+from demote.archive import _search, _vectors, args
+from demote.archive._lexical import drop_terms
+from demote.archive.options import (
+    ArchiveKeywords,
+    ArchiveOptions,
+    _embedded,
+    _merged,
+    _model_parts,
+    _searcher,
 )
-from demote.archive.options import ArchiveKeywords, ArchiveOptions
-from demote.archive.sqlite import _guard, _open, _reads, _writes
+from demote.archive.options import ContextFn as _ContextFn
+from demote.archive.sqlite import _erasure, _guard, _open, _reads, _writes
 from demote.backends.sqlite_kind import connect
 from demote.backends.wal import truncate_wal
 from demote.errors import ArgumentTypeError, ConfigError, StoreError
 from demote.records import Demotion, Recalled, storable_text
 from demote.state.base import validate_conversation_id
 
-__all__ = ["ContextFn", "SQLiteArchive", "SQLiteKeywords"]
+__all__ = ["ContextFn", "SQLiteArchive", "SQLiteKeywords", "drop_terms"]
 
 #: Gives the context indexed with a message (see :data:`demote.archive.options.ContextFn`).
-ContextFn = _options.ContextFn
+ContextFn = _ContextFn
 
 
 class SQLiteKeywords(ArchiveKeywords, total=False):
@@ -94,7 +98,7 @@ class SQLiteArchive(Closing):
             ``demote inspect``): a file of an older schema is refused instead of migrated,
             and :meth:`deliver`, :meth:`erase` and :meth:`embed_pending` raise
             :class:`~demote.errors.StoreError`.
-        entities: Keep the entity index (:mod:`demote.archive._entities`): the names each
+        entities: Keep the entity index (:mod:`demote.archive.sqlite._entities`): the names each
             message uses, its he/she pronouns resolved to the last name used before
             them, built when messages are archived (a file archived without it gains it
             when opened). A question naming one of them lifts the messages linked to it
@@ -133,16 +137,16 @@ class SQLiteArchive(Closing):
             if "candidates" in recall:
                 raise ConfigError("pool: the same option as candidates; give one of the two")
             recall["candidates"] = count("pool", recall.pop("pool"))
-        self.options = _options.merged("SQLiteArchive", options, recall)
+        self.options = _merged("SQLiteArchive", options, recall)
         timeout = seconds("timeout", timeout)
         if not isinstance(entities, bool):
             raise ArgumentTypeError(f"entities: must be a bool, got {entities!r:.40}")
         lift = args.weight("entity_weight", entity_weight)
-        self._searcher = _options.searcher(self.options, entity_weight=lift if entities else 0.0)
+        self._searcher = _searcher(self.options, entity_weight=lift if entities else 0.0)
         self._entities = entities
         self._media = self.options.media
         self._context = self.options.context
-        self._embedder, dims = _options.model_parts(self.options)
+        self._embedder, dims = _model_parts(self.options)
         if not isinstance(read_only, bool):
             raise ArgumentTypeError(f"read_only: must be a bool, got {read_only!r:.40}")
         try:
@@ -207,9 +211,7 @@ class SQLiteArchive(Closing):
         if self._embedder is not None:
             known = self.has_keys(conversation_id, (r.key for r in rows))
             new = list({r.key: r for r in rows if r.key not in known}.values())
-            embedded = self._embedder.embed_documents(
-                [_options.embedded(r.speaker, r.text) for r in new]
-            )
+            embedded = self._embedder.embed_documents([_embedded(r.speaker, r.text) for r in new])
             if embedded:
                 packed = _vectors.pack(embedded)
                 vectors = {r.key: blob for r, blob in zip(new, packed, strict=True)}
@@ -238,7 +240,7 @@ class SQLiteArchive(Closing):
                 rows = _writes.unembedded(db, batch_size)
             if not rows:
                 return done
-            embedded = embedder.embed_documents([_options.embedded(r[4], r[3]) for r in rows])
+            embedded = embedder.embed_documents([_embedded(r[4], r[3]) for r in rows])
             packed = _vectors.pack(embedded)
             with self._guard.transaction("store vectors") as db:
                 _writes.store_vectors(db, rows, packed)
@@ -349,7 +351,7 @@ class SQLiteArchive(Closing):
         Its rows, full-text entries, term statistics, speakers and vectors go, with
         ``secure_delete`` on; the full-text index is merged so that no old segment keeps
         its words, and the WAL is checkpointed and truncated, so the text survives
-        neither in the file nor in the WAL (see :mod:`demote.archive._erasure`).
+        neither in the file nor in the WAL (see :mod:`demote.archive.sqlite._erasure`).
         :meth:`demote.Demoter.erase` calls this for an archive behind its hook.
 
         Args:

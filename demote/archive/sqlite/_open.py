@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from demote.archive import _entities, _fts, _schema, _vectors
+from demote.archive import _fts, _vectors
 from demote.archive.embeddings import Embedder
+from demote.archive.sqlite import _entities, _schema
 from demote.backends.sqlite_kind import ARCHIVE, check_kind, claim_kind
 
 __all__ = ["OWN_TABLES", "prepare"]

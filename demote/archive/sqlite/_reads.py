@@ -1,5 +1,8 @@
 """What the SQLite archive reads back: recalled messages whole, counts, keys, one row.
 
+A search's ranking is shared (:meth:`demote.archive._search.Searcher.flow`);
+:func:`answer` gives it what it asks for from the file.
+
 :class:`~demote.archive.sqlite.SQLiteArchive` holds the lock and validates the arguments;
 these functions are the SQL run under it. Keys are looked up 500 at a time, under
 SQLite's limit on bound parameters.
@@ -12,10 +15,20 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from demote.archive import _schema, _search
+from demote.archive import _data, _lexical, _search
+from demote.archive.sqlite import _entities
 from demote.records import Recalled
 
-__all__ = ["conversations", "count", "has_keys", "lookup", "messages", "row_by_key", "with_data"]
+__all__ = [
+    "answer",
+    "conversations",
+    "count",
+    "has_keys",
+    "lookup",
+    "messages",
+    "row_by_key",
+    "with_data",
+]
 
 
 def lookup(
@@ -27,13 +40,52 @@ def lookup(
     """The hits of ``request``, whole, read in one snapshot."""
     db.execute("BEGIN")  # one snapshot; the scratch table is written in it
     try:
-        found = searcher.lookup(db, request, vector)
+        found = answer(db, searcher, request, vector)
         found = with_data(db, request.conversation_id, found)
     except BaseException:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
     return found
+
+
+def answer(
+    db: sqlite3.Connection,
+    searcher: _search.Searcher,
+    request: _search.Request,
+    vector: Sequence[float] | None,
+) -> list[Recalled]:
+    """Run ``request`` on ``db`` (inside a transaction) with the query's ``vector``.
+
+    The searcher's flow (:meth:`~demote.archive._search.Searcher.flow`) ranks; this
+    answers each of its needs from the SQLite file.
+    """
+    conversation_id = request.conversation_id
+    steps = searcher.flow(request, vector)
+    reply: Any = None
+    while True:
+        try:
+            need = steps.send(reply)
+        except StopIteration as stop:
+            return list(stop.value)
+        if isinstance(need, _search.Speakers):
+            reply = _lexical.speakers(db, conversation_id)
+        elif isinstance(need, _search.Lexical):
+            reply = _lexical.score(
+                db,
+                conversation_id,
+                _search.scope(conversation_id),
+                need.terms,
+                searcher.stems(db, need.terms),
+                searcher.ranking,
+                need.k,
+            )
+        elif isinstance(need, _search.Dense):
+            reply = searcher.vectors.top(db, conversation_id, need.vector, need.n)
+        elif isinstance(need, _search.Entities):
+            reply = _entities.linked(db, conversation_id, need.terms, need.speakers)
+        else:
+            reply = _lexical.rows_at(db, conversation_id, need.indexes)
 
 
 def with_data(
@@ -56,7 +108,7 @@ def with_data(
     out = []
     for r in found:
         data, at = rows.get(r.key, (None, None))
-        out.append(dataclasses.replace(r, data=_schema.row_data(r.role, r.text, data), at=at))
+        out.append(dataclasses.replace(r, data=_data.row_data(r.role, r.text, data), at=at))
     return out
 
 
@@ -68,7 +120,7 @@ def messages(db: sqlite3.Connection, conversation_id: str) -> list[Recalled]:
         (conversation_id,),
     ).fetchall()
     return [
-        Recalled(role, text, idx, key, data=_schema.row_data(role, text, data), at=at)
+        Recalled(role, text, idx, key, data=_data.row_data(role, text, data), at=at)
         for idx, role, text, key, data, at in rows
     ]
 

@@ -15,8 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from demote.archive import _entities, _erasure, _lexical, _options, _schema, _vectors
-from demote.archive._options import ContextFn
+from demote.archive import _data, _lexical, _vectors
+from demote.archive.options import ContextFn, _describe
+from demote.archive.sqlite import _entities, _erasure, _schema
 from demote.kit import data_by_reference
 from demote.records import DemotedMessage, searchable_text, storable_text
 
@@ -44,7 +45,7 @@ def row(
     media: Literal["reference", "bytes"],
 ) -> Row:
     """``message`` as a row of ``conversation_id`` (``context_fn`` gives its context)."""
-    context, speaker = _options.describe(context_fn, message)
+    context, speaker = _describe(context_fn, message)
     data = message.data
     if data is not None and media == "reference":
         data = data_by_reference(data)
@@ -58,7 +59,7 @@ def row(
         str(message.key),
         scope,
         storable_text(speaker),
-        _schema.stored_data(text, data),
+        _data.stored_data(text, data),
         time.time(),
     )
 

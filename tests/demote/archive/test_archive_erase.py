@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demote.archive import _schema
-from demote.archive.sqlite import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive, _schema
 from demote.backends import wal as _wal
 from demote.erase import conversation_hash
 from demote.errors import ConversationIdError, FencedOut, StoreError

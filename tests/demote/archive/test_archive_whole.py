@@ -24,9 +24,9 @@ import psycopg
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from demote import Demoter, SlidingWindow
-from demote.archive import _fts, _lexical, _schema
+from demote.archive import _fts, _lexical
 from demote.archive.postgres import PostgresArchive
-from demote.archive.sqlite import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive, _schema
 from demote.errors import ConfigError
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 from langchain_demote.messages import from_recalled, to_core

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from demote.archive import _decompose, _entities, _time
+from demote.archive import _decompose, _time
 from demote.archive._fts import STOP_WORDS, query_terms
-from demote.archive.sqlite import SQLiteArchive
+from demote.archive.sqlite import SQLiteArchive, _entities
 from demote.errors import ArgumentTypeError, ConfigError, EmbeddingError
 from demote.records import DemotedMessage, Demotion, fingerprint, make_key
 

@@ -22,7 +22,7 @@ question it answers. ``speaker`` (and the ``speakers`` table) come from a contex
 ``"speaker"``. Version 2 files gain ``speaker``, ``adjacent``, the speakers and vector
 tables and a rebuilt full-text index when opened; version 1 files also gain the term
 statistics; files of versions 1 to 3 gain the ``erased`` table (keyed by a hash of the
-conversation id; see :mod:`demote.archive._erasure`); files of versions 1 to 4 gain
+conversation id; see :mod:`demote.archive.sqlite._erasure`); files of versions 1 to 4 gain
 ``data`` and ``archived_at``, ``NULL`` in the rows they hold, which therefore come back
 text-only (``Recalled.data`` and ``Recalled.at`` are ``None``).
 
@@ -30,31 +30,22 @@ text-only (``Recalled.data`` and ``Recalled.at`` are ``None``).
 (:func:`demote.records.searchable_text`), so a search for a tool's name or an argument
 value finds the call. ``data`` is the whole message (:data:`demote.records.MESSAGE_DATA_KEYS`) as
 JSON, without ``role`` and, when it equals the ``text`` column, ``text``:
-:func:`stored_data` writes it, :func:`row_data` reads it back. ``archived_at`` is when
-the row was stored (seconds since the epoch).
+:func:`demote.archive._data.stored_data` writes it, :func:`~demote.archive._data.row_data`
+reads it back. ``archived_at`` is when the row was stored (seconds since the epoch).
 Each migration runs in the opening transaction: it completes or leaves the file as it was.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
-from demote.archive import _erasure, _lexical, _vectors
+from demote.archive import _lexical, _vectors
+from demote.archive.sqlite import _erasure
 from demote.backends.sqlite_kind import ARCHIVE, Columns, declare, schema_columns
 from demote.errors import StoreError
-from demote.records import storable_text
 
-__all__ = [
-    "VERSION",
-    "check_current",
-    "create_or_migrate",
-    "refresh_adjacent",
-    "row_data",
-    "stored_data",
-]
+__all__ = ["VERSION", "check_current", "create_or_migrate", "refresh_adjacent"]
 
 VERSION = 5
 
@@ -115,31 +106,6 @@ _ADJACENT = """coalesce((SELECT p.text FROM messages AS p WHERE p.conversation_i
     m.conversation_id AND p.idx = m.idx - 1 ORDER BY p.id DESC LIMIT 1), '') || char(10) ||
     coalesce((SELECT n.text FROM messages AS n WHERE n.conversation_id = m.conversation_id
     AND n.idx = m.idx + 1 ORDER BY n.id DESC LIMIT 1), '')"""
-
-
-def stored_data(text: str, data: Mapping[str, Any] | None) -> str | None:
-    """The ``data`` column of a message whose ``text`` column is ``text`` (``None``: none).
-
-    The role has a column of its own and the text is left out when the column holds it,
-    so a plain message stores ``{}``.
-    """
-    if data is None:
-        return None
-    kept = {k: v for k, v in data.items() if k != "role" and not (k == "text" and v == text)}
-    return storable_text(json.dumps(kept, ensure_ascii=False, separators=(",", ":"), default=repr))
-
-
-def row_data(role: str, text: str, stored: str | None) -> dict[str, Any] | None:
-    """The whole message of a row (``None`` for a text-only row, or unreadable JSON)."""
-    if stored is None:
-        return None
-    try:
-        kept = json.loads(stored)
-    except ValueError:
-        return None
-    if not isinstance(kept, dict):
-        return None
-    return {"role": role, "text": text, **kept}
 
 
 def refresh_adjacent(db: sqlite3.Connection, conversation_id: str, indexes: Iterable[int]) -> None:
