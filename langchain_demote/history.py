@@ -5,8 +5,8 @@ with the active window (pinned system messages, the running summary, the kept me
 from :meth:`demote.Demoter.load`, which demotes what fell out of it to the demoter's hook.
 Writes and clears go to the inner store (clearing resets the demotion state too).
 A state store that fails gives a degraded window (see :attr:`demote.Window.degraded`), a
-capture that fails leaves the turn uncaptured: either is reported as a ``degraded`` event,
-never raised into the chain.
+capture that fails leaves the turn uncaptured (:mod:`langchain_demote._capturing`): either
+is reported as a ``degraded`` event, never raised into the chain.
 ``erase`` goes further: the conversation leaves the long tail as well (every tier behind
 the demoter's hook, and the capture), and by default the inner store (see
 :mod:`demote.erase`).
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
 
 from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
-from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.messages import BaseMessage
 
 from demote.engine import Demoter, Window, erase_conversation
 from demote.erase import EraseReport
@@ -47,13 +47,14 @@ from demote.events import DemoteEvent
 from demote.flow import Call, Flow, Twin, drive_async, drive_sync
 from demote.hooks.base import Capture
 from demote.kit import check_message, check_messages, count
-from demote.records import CapturedTurn, MessageRecord, make_key
+from demote.records import MessageRecord
 from demote.restarts import check_restarts
 from demote.state.base import validate_conversation_id
 from demote.window.pairing import UNANSWERED
+from langchain_demote._capturing import capture_users, wants_capture
 from langchain_demote._rendering import answer_dangling, render_window
 from langchain_demote.callbacks import adispatch_events, dispatch_events
-from langchain_demote.messages import message_text, to_core
+from langchain_demote.messages import to_core
 
 __all__ = [
     "UNANSWERED",
@@ -213,7 +214,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         """
         messages = check_messages(messages, BaseMessage, "messages")
         base = self._base(messages)
-        if base is None and self._wants_capture(messages):
+        if base is None and wants_capture(self.capture, messages):
             base = len(self.inner.messages)
         self.inner.add_messages(messages)
         failed = self._after_add(messages, base)
@@ -224,7 +225,7 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         """Async :meth:`add_messages`: awaits the inner store's ``aadd_messages``."""
         messages = check_messages(messages, BaseMessage, "messages")
         base = self._base(messages)
-        if base is None and self._wants_capture(messages):
+        if base is None and wants_capture(self.capture, messages):
             base = len(await self.inner.aget_messages())
         await self.inner.aadd_messages(messages)
         failed = self._after_add(messages, base)
@@ -235,33 +236,21 @@ class DemotingChatMessageHistory(BaseChatMessageHistory):
         """Append one message (see :meth:`add_messages`)."""
         self.add_messages([check_message(message, BaseMessage, "message")])
 
-    def _wants_capture(self, messages: Sequence[BaseMessage]) -> bool:
-        return self.capture is not None and any(isinstance(m, HumanMessage) for m in messages)
-
     def _base(self, messages: Sequence[BaseMessage]) -> int | None:
-        return self._length if self._wants_capture(messages) else None
+        return self._length if wants_capture(self.capture, messages) else None
 
     def _after_add(self, messages: list[BaseMessage], base: int | None) -> list[DemoteEvent]:
         """Count the appended messages and capture the user turns.
 
-        Returns the ``degraded`` events of captures that failed (the messages are stored:
-        the chat goes on without them, reported, never raised).
+        Returns the ``degraded`` events of captures that failed (see
+        :func:`~langchain_demote._capturing.capture_users`).
         """
         if self._length is not None:
             self._length += len(messages)
-        failed: list[DemoteEvent] = []
         if self.capture is None or base is None:
-            return failed
+            return []
         cid = self.conversation_id
-        for i, message in enumerate(messages, base):
-            if isinstance(message, HumanMessage):
-                record = self._describe(message)
-                key = make_key(cid, i, record.fingerprint)
-                try:
-                    self.capture.capture(CapturedTurn(cid, "user", message_text(message), i, key))
-                except Exception as exc:
-                    failed.append(self.demoter.report_degraded(cid, "capture", exc))
-        return failed
+        return capture_users(self.capture, self.demoter, cid, base, messages, self._describe)
 
     # -- clearing -----------------------------------------------------------------------
 

@@ -76,8 +76,8 @@ were cut (``cut``: demoted or pending, not sent), the thread's length (``total``
 
 Sync and async share all of this: :meth:`DemotingMiddleware._prepare` is a generator that
 yields its I/O operations (the load, the recall search, the pruned prefix's re-seeding;
-see :mod:`langchain_demote._preparation`) and two short drivers run it, one blocking, one
-awaiting, so no logic is written twice.
+see :mod:`langchain_demote._request`; the recall's step, :mod:`langchain_demote._recalling`)
+and two short drivers run it, one blocking, one awaiting, so no logic is written twice.
 
 Erasing (:meth:`DemotingMiddleware.erase`): the thread is deleted through the
 checkpointer, then the demotion state and every tier behind the hook
@@ -113,7 +113,7 @@ from langchain.agents.middleware.types import (
     ModelResponse,
     PrivateStateAttr,
 )
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -127,11 +127,16 @@ from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
 from demote.hooks.base import Recall
 from demote.records import MessageRecord
-from demote.request import RECALL_PREFIX, RecallMemo, RecallSettings, recall_flow, render_recall
+from demote.request import RECALL_PREFIX, render_recall
 from demote.window.tokens import approximate_tokens
 from langchain_demote._caching import CacheKey, cache_key_option, keyed_settings, takes_cache_key
+from langchain_demote._conversations import (
+    FIRST_MESSAGE_PREFIX,
+    first_message_conversation_id,
+    run_thread_id,
+    thread_conversation_id,
+)
 from langchain_demote._erasing import erase_thread
-from langchain_demote._preparation import Flow, Load, Prepared, model_call_metadata
 from langchain_demote._pruning import (
     PRUNED_KEY,
     PrunedPrefix,
@@ -139,16 +144,12 @@ from langchain_demote._pruning import (
     prune_update,
     reconcile,
 )
+from langchain_demote._recalling import recall_for, recaller
+from langchain_demote._request import Flow, Load, Prepared, model_call_metadata, run_metadata
 from langchain_demote._restarts import check_checkpointer
-from langchain_demote._threads import (
-    FIRST_MESSAGE_PREFIX,
-    first_message_conversation_id,
-    run_thread_id,
-    thread_conversation_id,
-)
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.history import render_window
-from langchain_demote.messages import message_role, message_text, to_core
+from langchain_demote.messages import to_core
 
 __all__ = [
     "FIRST_MESSAGE_PREFIX",
@@ -248,12 +249,11 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
         self.demoter = demoter
         self.recall = recall
-        self._recall = RecallSettings.make(
-            recall, recall_k, recall_budget_tokens, recall_role, demoter.policy
+        self._recall = recaller(
+            recall, recall_k, recall_budget_tokens, recall_role, demoter.policy, self._describe
         )
-        self._recall_memo = RecallMemo()
         self.recall_k = recall_k
-        self.recall_budget_tokens = None if self._recall is None else self._recall.budget
+        self.recall_budget_tokens = None if self._recall is None else self._recall.settings.budget
         if conversation_id is not None and not callable(conversation_id):
             raise ConfigError(f"conversation_id: {conversation_id!r} is not callable")
         self.conversation_id = conversation_id
@@ -350,11 +350,6 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
     def _describe(self, message: BaseMessage) -> MessageRecord:
         return to_core(message, self.demoter.describe)
 
-    def _recall_tokens(self, text: str) -> int:
-        """What the recall message with ``text`` costs as sent (the window's own count)."""
-        system = self._recall is not None and self._recall.role == "system"
-        return self._describe(SystemMessage(text) if system else HumanMessage(text)).tokens
-
     def _reserved(self, request: ModelRequest[Any]) -> int:
         """Tokens of the request outside its messages: system message and tools.
 
@@ -418,30 +413,18 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
         reserved = self._reserved(request)
         recall = self._recall
         if recall is not None:
-            reserved += recall.reserve  # the window makes room for the recall message
+            reserved += recall.settings.reserve  # the window makes room for the recall message
         window: Window[BaseMessage] = yield Load(
             self.demoter, cid, messages, self._describe, reserved, absent
         )
-        events = window.events
-        recalling = None
-        if recall is not None:
-            recalling, found = yield from recall_flow(
-                recall,
-                self.demoter,
-                window,
-                is_user=_is_user,
-                text_of=message_text,
-                key=_role_text,
-                count=self._recall_tokens,
-                memo=self._recall_memo,
-            )
-            if found:
-                events = (*events, *found)
-        sent = render_window(window, recalling, recall_role=recall.role if recall else "user")
+        recalling, found = yield from recall_for(recall, self.demoter, window)
+        events = (*window.events, *found)
+        role = recall.settings.role if recall else "user"
+        sent = render_window(window, recalling, recall_role=role)
         recalled = len(recalling.hits) if recalling is not None else 0
 
         update = prune_update(cid, window, request.messages, pruned) if self.prune_state else None
-        metadata = {"demote": _run_metadata(window, recalled, reserved)}
+        metadata = {"demote": run_metadata(window, recalled, reserved)}
         settings = None
         if self.prompt_cache_key is not False and takes_cache_key(request.model):
             settings = keyed_settings(self.prompt_cache_key, cid, request.model_settings)
@@ -475,32 +458,3 @@ def _tool_tokens(tool: BaseTool | dict[str, Any], counter: Callable[[str], int])
         sent = given if schema is tool else count_tokens_approximately([], tools=[schema])
         return max(given, sent)
     return counter(json.dumps(schema, default=str, separators=(",", ":")))
-
-
-def _is_user(message: BaseMessage) -> bool:
-    return message_role(message) == "user"
-
-
-def _role_text(message: BaseMessage) -> tuple[str, str]:
-    return message_role(message), message_text(message)
-
-
-def _run_metadata(window: Window[BaseMessage], recalled: int, reserved: int) -> dict[str, Any]:
-    """What the model call's run records about the window it was sent."""
-    pinned = len(window.pinned)
-    opener = window.opener is not None
-    return {
-        "conversation_id": window.conversation_id,
-        "pinned": pinned,
-        "window": len(window.messages),
-        "cut": window.start - pinned - opener,
-        "total": window.total,
-        "pending": window.pending,
-        "summary": window.summary is not None,
-        "recalled": recalled,
-        "opener": opener,
-        "cleared": len(window.placeholders),
-        "clipped": len(window.clipped),
-        "overhang": window.overhang,
-        "reserved": reserved,
-    }

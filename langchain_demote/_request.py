@@ -1,13 +1,12 @@
-"""What one model call's preparation yields and returns (``DemotingMiddleware``).
+"""One model call of an agent run, windowed: what its preparation yields and returns.
 
-The middleware's preparation is a generator, shared by ``wrap_model_call`` and
-``awrap_model_call`` so each piece of logic is written once for sync and async, that
-yields its I/O as operations (:class:`Load` below, and :mod:`demote.flow`'s), each with
-a blocking ``run_sync`` and an awaited ``run_async``, run by the drivers of
-:mod:`demote.flow`.
-It returns a :class:`Prepared`: the request to hand on, the state update to return with
-the response, the events to report in the run, and the metadata to put on the model
-call's run.
+:class:`~langchain_demote.DemotingMiddleware`'s preparation is a generator, shared by
+``wrap_model_call`` and ``awrap_model_call`` so each piece of logic is written once for
+sync and async, that yields its I/O as operations (:class:`Load` below, and
+:mod:`demote.flow`'s), each with a blocking ``run_sync`` and an awaited ``run_async``, run
+by the drivers of :mod:`demote.flow`. It returns a :class:`Prepared`: the request to hand
+on, the state update to return with the response, the events to report in the run, and
+the metadata to put on the model call's run.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from demote.engine import Demoter, Window
 from demote.events import DemoteEvent
 from demote.records import MessageRecord
 
-__all__ = ["Flow", "Load", "Prepared", "model_call_metadata"]
+__all__ = ["Flow", "Load", "Prepared", "model_call_metadata", "run_metadata"]
 
 
 @dataclass(slots=True)
@@ -118,6 +117,27 @@ def model_call_metadata(metadata: dict[str, Any] | None) -> Iterator[None]:
         yield
     finally:
         var_child_runnable_config.reset(token)
+
+
+def run_metadata(window: Window[BaseMessage], recalled: int, reserved: int) -> dict[str, Any]:
+    """What the model call's run records about the window it was sent."""
+    pinned = len(window.pinned)
+    opener = window.opener is not None
+    return {
+        "conversation_id": window.conversation_id,
+        "pinned": pinned,
+        "window": len(window.messages),
+        "cut": window.start - pinned - opener,
+        "total": window.total,
+        "pending": window.pending,
+        "summary": window.summary is not None,
+        "recalled": recalled,
+        "opener": opener,
+        "cleared": len(window.placeholders),
+        "clipped": len(window.clipped),
+        "overhang": window.overhang,
+        "reserved": reserved,
+    }
 
 
 #: The preparation: a :data:`demote.flow.Flow` that returns a :class:`Prepared`.
