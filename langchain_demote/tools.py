@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.runnables import RunnableConfig
@@ -42,17 +42,16 @@ from langchain_core.tools import BaseTool, InjectedToolArg
 from pydantic import BaseModel, ConfigDict
 
 from demote.archive.recall_tool import (
-    TOOL_DESCRIPTION,
     RecallArgs,
     RecallOptions,
+    RecallToolOptions,
     answer,
-    tool_options,
+    tool_setup,
 )
 from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ConfigError
 from demote.hooks.base import ArchiveRecall
-from demote.window.tokens import Counter
-from langchain_demote._threads import first_message_id, run_thread_id
+from langchain_demote._conversations import first_message_id, run_thread_id
 
 __all__ = ["RecallInput", "RecallTool", "recall_tool"]
 
@@ -146,17 +145,8 @@ class RecallTool(BaseTool):
 
 def recall_tool(
     archive: ArchiveRecall,
-    *,
-    k: int = 5,
-    max_k: int = 20,
-    budget_tokens: int = 500,
-    max_budget_tokens: int = 4000,
-    fetch_budget_tokens: int = 2000,
-    counter: str | Counter = "approx",
-    snippets: bool = True,
-    name: str = "recall",
-    description: str = TOOL_DESCRIPTION,
     conversation_id: Callable[[Any], str] | object | None = None,
+    **options: Unpack[RecallToolOptions],
 ) -> BaseTool:
     """A LangChain tool with which an agent searches and fetches its own archived messages.
 
@@ -169,40 +159,24 @@ def recall_tool(
         archive: The long tail, an :class:`~demote.hooks.base.ArchiveRecall`:
             ``search(conversation_id, query, k)`` and ``fetch(conversation_id, key)``,
             with async twins when it has them (``SQLiteArchive``, ``PostgresArchive``).
-        k: Hits a search returns when the model does not say.
-        max_k: Most hits the model may ask for.
-        budget_tokens: Tokens a search answer takes at most when the model does not say.
-        max_budget_tokens: Most tokens the model may ask for.
-        fetch_budget_tokens: Tokens a fetched message takes at most when the model does
-            not say (longer ones are cut, and the cut says so).
-        counter: Counts the answer's tokens: use the policy's counter (``"approx"``,
-            ``"tiktoken"`` or a ``str -> int`` callable).
-        snippets: Show a long search hit by its lines that match the query best (each
-            hit within its share of the budget); ``False``: by its head.
-        name: The tool's name (the placeholders of cleared results say "the recall tool").
-        description: What the model is told the tool does.
         conversation_id: Names the conversation from the tool's ``ToolRuntime``: a
             callable (as ``DemotingMiddleware``'s ``conversation_id=``), or the
             ``DemotingMiddleware`` itself to use the same naming. By default the thread
             id, or ``DemotingMiddleware``'s id for an agent without one.
+        **options: The options both adapters' recall tools take, with their defaults
+            (``k``, ``max_k``, ``budget_tokens``, ``max_budget_tokens``,
+            ``fetch_budget_tokens``, ``counter``, ``snippets``, ``name``,
+            ``description``): see :class:`~demote.archive.recall_tool.RecallToolOptions`.
 
     Returns:
         A ``BaseTool`` (``invoke`` and ``ainvoke``) answering the model in text.
 
     Raises:
-        ConfigError: ``archive`` cannot search and fetch, or an option is out of range.
+        ConfigError: ``archive`` cannot search and fetch, ``conversation_id`` is neither
+            a callable nor a ``DemotingMiddleware``, or an option is unknown or out of
+            range.
     """
-    options = tool_options(
-        archive,
-        name,
-        k=k,
-        max_k=max_k,
-        budget_tokens=budget_tokens,
-        max_budget_tokens=max_budget_tokens,
-        fetch_budget_tokens=fetch_budget_tokens,
-        counter=counter,
-        snippets=snippets,
-    )
+    setup = tool_setup(archive, options)
     namer = conversation_id
     if namer is not None and not callable(namer):
         if not hasattr(namer, "demoter"):
@@ -211,5 +185,9 @@ def recall_tool(
             )
         namer = getattr(namer, "conversation_id", None)  # a middleware's own naming, if any
     return RecallTool(
-        name=name, description=description, archive=archive, options=options, namer=namer
+        name=setup.name,
+        description=setup.description,
+        archive=archive,
+        options=setup.options,
+        namer=namer,
     )

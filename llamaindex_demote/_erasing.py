@@ -15,7 +15,7 @@ from llama_index.core.storage.chat_store import BaseChatStore
 from demote.engine import erase_conversation
 from demote.erase import EraseReport
 from demote.flow import Call, Flow, Twin
-from llamaindex_demote._prompt import Parts
+from llamaindex_demote._rendering import Parts
 
 __all__ = ["erase_chat"]
 

@@ -9,6 +9,12 @@ fitted into the recall's token budget as the message is sent, and a question get
 search until the window is cut. A search that fails gives the window alone: a
 ``degraded`` event says so, and the chat never sees the error.
 
+Recall sits right after the question rather than at the head, so the prompt prefix
+(pinned, summary, older kept messages) stays byte-identical between calls and provider
+prompt caches keep hitting; a question gets one search until the window is cut. Recalled
+text is never written to the chat store, so it is never demoted, archived or captured
+again.
+
 :func:`recall_for` is written once for sync and async reads: it yields the search, which
 ``drive_sync`` runs as ``search`` and ``drive_async`` as an awaited ``asearch``, or as
 ``search`` in a worker thread when the recall has no ``asearch``. The memory runs it (in
@@ -23,7 +29,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from demote.engine import Window
 from demote.flow import Flow
 from demote.request import Recalling, recall_flow
-from llamaindex_demote._prompt import Parts
+from llamaindex_demote._rendering import Parts
 from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import core_role, text_of
 

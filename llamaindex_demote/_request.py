@@ -6,7 +6,7 @@ yields its I/O (the chat store's read, the Demoter's load, the recall search) as
 run it. Steps:
 
 1. find the ``DemotingMemory`` read the request was built from
-   (:func:`llamaindex_demote._reads.find`). Its messages split the request into the
+   (:func:`llamaindex_demote._conversations.find`). Its messages split the request into the
    agent's *prefix* (its system prompt; ``ReActAgent``'s header with the tools), the
    *memory's part*, and the run's *steps* after it (``FunctionAgent``'s scratchpad,
    ``ReActAgent``'s reasoning). System messages at the very end (``early_stopping_method=
@@ -19,7 +19,7 @@ run it. Steps:
    instructions and the tool schemas counted as ``reserved`` (in a token window). The
    engine plans the window (cuts at steps inside the run, the opener kept, results
    cleared or clipped, the policy's eviction), hands what left it to the hook once and
-   commits. The load is recorded (:func:`llamaindex_demote._reads.note_run`): the
+   commits. The load is recorded (:func:`llamaindex_demote._conversations.note_run`): the
    memory's own reads inside the run see only the stored history, so they load what
    this call loaded and show its stored part, changing nothing, and so does a request
    of the run without steps of its own (``early_stopping_method="generate"``'s last
@@ -52,8 +52,8 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from demote.engine import Window
 from demote.flow import Flow, Twin
 from demote.records import MessageRecord
-from llamaindex_demote._prompt import Parts
-from llamaindex_demote._reads import Run, find, note_run, run_history, stored_part
+from llamaindex_demote._conversations import Run, find, note_run, run_history, stored_part
+from llamaindex_demote._rendering import Parts
 from llamaindex_demote._shaping import shape
 from llamaindex_demote.instrumentation import emit_events
 from llamaindex_demote.messages import opened_calls, text_of, to_data

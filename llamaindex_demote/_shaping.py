@@ -13,8 +13,8 @@ from llama_index.core.base.llms.types import ChatMessage
 from demote.engine import Window
 from demote.flow import Flow
 from llamaindex_demote._block_slots import blocks_flow
-from llamaindex_demote._prompt import Parts
 from llamaindex_demote._recalling import is_user, recall_for
+from llamaindex_demote._rendering import Parts
 from llamaindex_demote.instrumentation import emit_events
 
 __all__ = ["shape"]

@@ -67,7 +67,6 @@ from demote.kit import count
 from demote.records import DemotedMessage, Demotion
 from demote.window.policy import SlidingWindow
 from demote.window.tokens import approximate_tokens
-from llamaindex_demote._defaults import LLM_WINDOW_RATIO
 from llamaindex_demote.messages import from_core, from_data
 
 __all__ = [
@@ -361,6 +360,10 @@ def blocks_hooks(hook: object) -> list[MemoryBlocksHook]:
     parts = getattr(hook, "parts", None)
     return [found for part in (parts() if callable(parts) else ()) for found in blocks_hooks(part)]
 
+
+#: Share of an LLM's context window used for the window when only ``llm=`` sizes it
+#: (what LlamaIndex's ``ChatMemoryBuffer`` uses).
+LLM_WINDOW_RATIO = 0.75
 
 #: ``Memory``'s default ``token_flush_size``: a tenth of its token limit.
 FLUSH_SHARE = 0.1

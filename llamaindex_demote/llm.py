@@ -23,7 +23,7 @@ How it knows the conversation
 -----------------------------
 The wrapper holds no memory: each request names its own. An agent builds its request
 from the very message objects a ``DemotingMemory`` read returned, and every read records
-them (:mod:`llamaindex_demote._reads`); the read found in a request names the memory, so
+them (:mod:`llamaindex_demote._conversations`); the read found in a request names the memory, so
 its conversation (``chat_store_key``), its Demoter and its chat store. So one wrapped LLM
 serves any number of conversations, a memory restored from ``Context.to_dict`` or pickle
 is found as the original was, and the LLM pickles as the LLM it wraps does. A request

@@ -24,41 +24,24 @@ the whole request stays within it.
 When the window starts inside a turn (an agent run of many tool steps, put into memory
 when it ended), the turn's opener comes first, with the summary of the earlier steps as
 a progress note after it, and old tool results come as placeholders naming their
-archived key (see :mod:`llamaindex_demote._prompt`).
+archived key (see :mod:`llamaindex_demote._rendering`).
 
 LlamaIndex's agents (``FunctionAgent``, ``ReActAgent``, ``AgentWorkflow``) read the memory
 before each model call of a run but keep that run's own steps in their scratchpad, which
 they send after the memory's messages and put into memory only when the run ends. So
 across runs the window cuts at steps like every other window; inside one run, what the
 model is sent is the window plus the run's scratchpad, which grows with every tool call,
-unless the agent's LLM is wrapped in :class:`~llamaindex_demote.DemotingLLM`: every read
-records what it returned (:mod:`llamaindex_demote._reads`), so that LLM finds the
-conversation in each request and bounds the whole of it, the run's steps included.
-
-Recall sits right after the question rather than at the head, so the prompt prefix
-(pinned, summary, older kept messages) stays byte-identical between calls and provider
-prompt caches keep hitting; a question gets one search until the window is cut. Recalled
-text is never written to the chat store, so it is never demoted, archived or captured
-again.
-
-``reset`` is LlamaIndex's: the chat store and the demotion state are cleared, the long
-tail keeps what it holds. ``erase`` also deletes the conversation from every tier behind
-the demoter's hook and from the capture (see :mod:`demote.erase`).
+unless the agent's LLM is wrapped in :class:`~llamaindex_demote.DemotingLLM`, which finds
+the conversation in each request and bounds the whole of it, the run's steps included.
 
 A recall or capture that fails never fails the read or the write: the window goes without
 recall, the turn is not captured, and a ``degraded`` event says so (to the instrumentation
 and the demoter's observers, with a warning logged at most once a minute). A state store
 that fails gives a degraded window (see :attr:`demote.Window.degraded`).
-
-Sync and async share everything but the awaited calls: the async methods await the chat
-store's async methods, :meth:`~demote.Demoter.aload` and the recall's ``asearch`` (or run
-its ``search`` in a thread). LlamaIndex agents only call the async methods.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -69,36 +52,25 @@ from llama_index.core.memory.memory import BaseMemoryBlock, InsertMethod
 from llama_index.core.memory.types import DEFAULT_CHAT_STORE_KEY, BaseChatStoreMemory
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.storage.chat_store import BaseChatStore, SimpleChatStore
-from llama_index.core.storage.chat_store.base_db import AsyncDBChatStore
 
-from demote.engine import Demoter, Window
+from demote.engine import Demoter
 from demote.erase import EraseReport
-from demote.errors import ConfigError
-from demote.flow import Flow, drive_async, drive_sync
+from demote.flow import drive_async, drive_sync
 from demote.hooks.base import Capture, Recall
-from demote.hooks.simple import FanOutHook
-from demote.kit import check_message, check_messages, count
+from demote.kit import check_message, check_messages
 from demote.restarts import check_restarts
 from demote.state.base import StateStore, validate_conversation_id
 from demote.window.policy import SlidingWindow
-from demote.window.tokens import MESSAGE_OVERHEAD
-from llamaindex_demote import _reads as reads
+from llamaindex_demote import _capturing as capturing
+from llamaindex_demote import _conversations as reads
+from llamaindex_demote import _defaults as defaults
+from llamaindex_demote import _loading as loading
 from llamaindex_demote import persist
-from llamaindex_demote._block_slots import BlockSettings, load_blocks
-from llamaindex_demote._capturing import capture_users, needs_index
-from llamaindex_demote._defaults import (
-    build_demoter,
-    check_insert_method,
-    conversation_key,
-    refuse_options,
-    tokenizer_policy,
-)
+from llamaindex_demote._block_slots import load_blocks
 from llamaindex_demote._erasing import erase_chat
-from llamaindex_demote._prompt import Parts
+from llamaindex_demote._rendering import Parts
 from llamaindex_demote._shaping import shape
-from llamaindex_demote.blocks import blocks_hook, feeding_hook
-from llamaindex_demote.instrumentation import dispatcher, emit_events
-from llamaindex_demote.messages import CallNames, to_core
+from llamaindex_demote.instrumentation import dispatcher
 
 __all__ = ["DemotingMemory", "restore_pickled"]
 
@@ -143,33 +115,12 @@ class DemotingMemory(BaseChatStoreMemory):
         block_changes: Mapping[str, str] | None = None,
     ) -> None:
         validate_conversation_id(chat_store_key, "chat_store_key")
-        if not isinstance(demoter, Demoter):
-            raise ConfigError(f"demoter: expected a Demoter, got {type(demoter).__name__}")
-        if capture is not None and not callable(getattr(capture, "capture", None)):
-            raise ConfigError(f"capture: {capture!r} has no capture(turn)")
-        if chat_store is not None and not isinstance(chat_store, BaseChatStore):
-            raise ConfigError(f"chat_store: expected a BaseChatStore, got {chat_store!r:.80}")
-        describe = functools.partial(to_core, describe=demoter.describe, names=CallNames())
-        parts = Parts(
-            demoter, describe, recall, recall_k, capture, recall_budget_tokens, recall_role
+        parts = defaults.memory_parts(
+            demoter, chat_store, recall, recall_k, capture, recall_budget_tokens, recall_role
         )
-        blocks = BlockSettings.make(
-            memory_blocks,
-            demoter.policy,
-            ratio=chat_history_token_ratio,
-            template=memory_blocks_template,
-            declared=block_changes,
-            recall_reserve=parts.reserve(),
+        parts = defaults.with_blocks(
+            parts, memory_blocks, memory_blocks_template, chat_history_token_ratio, block_changes
         )
-        if blocks is not None:
-            if feeding_hook(demoter.hook, blocks.blocks) is None:
-                raise ConfigError(
-                    "memory_blocks: the demoter's hook does not feed these blocks; build it "
-                    "with hook=MemoryBlocksHook(blocks) (or FanOutHook(archive, "
-                    "MemoryBlocksHook(blocks))), or leave demoter= out and from_defaults "
-                    "makes one"
-                )
-            parts = dataclasses.replace(parts, blocks=blocks)
         super().__init__(chat_store=chat_store or SimpleChatStore(), chat_store_key=chat_store_key)
         durable = not isinstance(self.chat_store, SimpleChatStore)  # (warned once per process)
         check_restarts(demoter, self.chat_store, durable=durable)
@@ -281,34 +232,18 @@ class DemotingMemory(BaseChatStoreMemory):
             ConfigError: Conflicting or invalid options, or nothing sizes the window.
             MessageTypeError: ``chat_history`` holds something that is not a ChatMessage.
         """
-        refuse_options(kwargs)
-        check_insert_method(insert_method)
-        if isinstance(chat_store, AsyncDBChatStore):
-            raise ConfigError(
-                f"chat_store: {type(chat_store).__name__} is Memory's SQL store, whose "
-                "archived rows are its own long tail; give DemotingMemory any BaseChatStore "
-                "(SimpleChatStore by default) for the history, and hook= for what leaves "
-                "the window"
-            )
-        chat_store_key = conversation_key(chat_store_key, session_id)
+        defaults.check_options(kwargs, insert_method, chat_store)
+        chat_store_key = defaults.conversation_key(chat_store_key, session_id)
         if chat_history is not None:
             chat_history = check_messages(chat_history, ChatMessage, "chat_history")
         if tokenizer_fn is not None:
-            policy, token_limit = tokenizer_policy(tokenizer_fn, token_limit, policy, demoter), None
-        if memory_blocks and demoter is None:
-            feed = blocks_hook(memory_blocks, token_flush_size, policy, token_limit, llm)
-            hook = feed if hook is None else FanOutHook(hook, feed)
-            memory_blocks = feed.blocks
-        elif token_flush_size is not None:
-            raise ConfigError(
-                "token_flush_size: sizes the pieces a memory made here feeds its memory "
-                "blocks; with demoter= give its MemoryBlocksHook(blocks, flush_tokens=...)"
-                if memory_blocks
-                else "token_flush_size: sizes the pieces the memory blocks are fed; give "
-                "memory_blocks= (the window's own cuts are its policy's)"
-            )
+            policy = defaults.tokenizer_policy(tokenizer_fn, token_limit, policy, demoter)
+            token_limit = None
+        hook, memory_blocks = defaults.feed_blocks(
+            memory_blocks, token_flush_size, demoter, hook, policy, token_limit, llm
+        )
         memory = cls(
-            demoter=build_demoter(demoter, policy, hook, state, token_limit, llm),
+            demoter=defaults.build_demoter(demoter, policy, hook, state, token_limit, llm),
             chat_store=chat_store,
             chat_store_key=chat_store_key,
             recall=recall,
@@ -354,7 +289,7 @@ class DemotingMemory(BaseChatStoreMemory):
             ConfigError: The demoter (recall, capture) is not registered by name, or the
                 chat store is neither a ``SimpleChatStore`` nor registered.
         """
-        return self._dump(store_as_json=True)
+        return persist.dump(self.class_name(), self.chat_store, self.chat_store_key, self._p)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **kwargs: Any) -> DemotingMemory:
@@ -373,20 +308,10 @@ class DemotingMemory(BaseChatStoreMemory):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle by reference: the chat store as an object, live parts by name."""
-        return (restore_pickled, (self._dump(store_as_json=False),))
-
-    def _dump(self, *, store_as_json: bool) -> dict[str, Any]:
-        parts = self._p
-        data = persist.dump(
-            self.class_name(),
-            self.chat_store,
-            self.chat_store_key,
-            parts,
-            store_as_json=store_as_json,
+        saved = persist.dump(
+            self.class_name(), self.chat_store, self.chat_store_key, self._p, store_as_json=False
         )
-        if parts.blocks is not None:  # live blocks: by their place in the demoter's hook
-            data["memory_blocks"] = parts.blocks.dump(parts.demoter.hook)
-        return data
+        return (restore_pickled, (saved,))
 
     @property
     def tokenizer_fn(self) -> Callable[[str], Sequence[int]]:
@@ -396,16 +321,7 @@ class DemotingMemory(BaseChatStoreMemory):
         ``initial_token_count`` they pass to :meth:`get`; the returned sequence has one
         item per token (a ``range``: only its length means anything).
         """
-        counter = self._p.demoter.policy.resolved_counter()
-
-        def tokenize(text: str) -> Sequence[int]:
-            return range(counter(text))
-
-        return tokenize
-
-    @staticmethod
-    def _check_initial(initial_token_count: int) -> None:
-        count("initial_token_count", initial_token_count, minimum=0)
+        return defaults.tokenizer_of(self._p.demoter.policy)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -431,12 +347,10 @@ class DemotingMemory(BaseChatStoreMemory):
         Returns:
             New list; the memory's own messages are the chat store's objects.
         """
-        if initial_token_count.__class__ is not int or initial_token_count:
-            self._check_initial(initial_token_count)  # (an int 0, the usual, is valid)
         parts = self._p
-        reserved = self._reserved(parts, initial_token_count)
+        reserved = loading.reserved_tokens(parts, initial_token_count)
         if parts.recalling is None and parts.blocks is None:
-            out = parts.render(self._load(parts, reserved), None)
+            out = parts.render(loading.load(self, parts, reserved), None)
         else:
             out = self._shaped_get(input, reserved)
         reads.note(self, out, input)
@@ -446,73 +360,26 @@ class DemotingMemory(BaseChatStoreMemory):
         self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any
     ) -> list[ChatMessage]:
         """Async :meth:`get`: awaits the chat store, the demoter and the recall."""
-        if initial_token_count.__class__ is not int or initial_token_count:
-            self._check_initial(initial_token_count)
         parts = self._p
-        reserved = self._reserved(parts, initial_token_count)
+        reserved = loading.reserved_tokens(parts, initial_token_count)
         if parts.recalling is None and parts.blocks is None:
-            out = parts.render(await self._aload(reserved), None)
+            out = parts.render(await loading.aload(self, parts, reserved), None)
         else:
             out = await self._ashaped_get(input, reserved)
         reads.note(self, out, input)
         return out
 
-    @staticmethod
-    def _reserved(parts: Parts, initial_token_count: int) -> int:
-        """Tokens the window leaves free: the caller's prefix and the recall's budget.
-
-        Only a token window counts them. The prefix is counted as one more message (its
-        text's tokens, which the caller gives, and a message's framing).
-        """
-        if parts.demoter.policy.unit != "tokens":
-            return 0
-        prefix = initial_token_count + MESSAGE_OVERHEAD if initial_token_count else 0
-        return prefix + parts.reserve()
-
-    def _load(self, parts: Parts, reserved: int = 0) -> Window[ChatMessage]:
-        cid = self.chat_store_key
-        messages = self.chat_store.get_messages(cid)
-        run = None
-        if reads.RUNS:  # (only a DemotingLLM records runs: a chat engine's memory has none)
-            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
-        if run is None:
-            window = parts.demoter.load(cid, messages, parts.describe, reserved=reserved)
-        else:  # inside a DemotingLLM run: read what its newest LLM call read, as it read it
-            history, describe, reserved = run
-            loaded = parts.demoter.load(cid, history, describe, reserved=reserved)
-            window = reads.stored_part(loaded, len(messages))
-        if window.events:
-            emit_events(window.events)
-        return window
-
-    async def _aload(self, reserved: int = 0) -> Window[ChatMessage]:
-        parts, cid = self._p, self.chat_store_key
-        messages = await self.chat_store.aget_messages(cid)
-        run = None
-        if reads.RUNS:
-            run = reads.run_history(parts.demoter, cid, messages, parts.describe)
-        if run is None:
-            window = await parts.demoter.aload(cid, messages, parts.describe, reserved=reserved)
-        else:  # inside a DemotingLLM run: read what its newest LLM call read, as it read it
-            history, describe, reserved = run
-            loaded = await parts.demoter.aload(cid, history, describe, reserved=reserved)
-            window = reads.stored_part(loaded, len(messages))
-        if window.events:
-            emit_events(window.events)
-        return window
-
     @dispatcher.span
     def _shaped_get(self, input: str | None, reserved: int) -> list[ChatMessage]:
         """:meth:`get` with recall or memory blocks, in a span (with every event of the read)."""
         parts = self._p
-        window = self._load(parts, reserved)
-        return drive_sync(shape(parts, window, input))
+        return drive_sync(shape(parts, loading.load(self, parts, reserved), input))
 
     @dispatcher.span
     async def _ashaped_get(self, input: str | None, reserved: int) -> list[ChatMessage]:
         """Async :meth:`_shaped_get`: awaits ``asearch`` and the blocks."""
-        parts, window = self._p, await self._aload(reserved)
-        return await drive_async(shape(parts, window, input))
+        parts = self._p
+        return await drive_async(shape(parts, await loading.aload(self, parts, reserved), input))
 
     def get_all(self) -> list[ChatMessage]:
         """The full history in the chat store (a new list)."""
@@ -532,10 +399,7 @@ class DemotingMemory(BaseChatStoreMemory):
         """
         if message.__class__ is not ChatMessage:  # (an isinstance of a pydantic class is slow)
             message = check_message(message, ChatMessage, "message")
-        if self._p.capture is None:  # nothing else to do: store it
-            self.chat_store.add_message(self.chat_store_key, message)
-        else:
-            self._store([message])
+        capturing.put(self._p, self.chat_store, self.chat_store_key, message)
 
     async def aput(self, message: ChatMessage) -> None:
         """Async :meth:`put`."""
@@ -547,26 +411,13 @@ class DemotingMemory(BaseChatStoreMemory):
         Raises:
             MessageTypeError: ``messages`` is not a list of ChatMessage; nothing is stored.
         """
-        self._store(check_messages(messages, ChatMessage, "messages"))
-
-    def _store(self, messages: list[ChatMessage]) -> None:
-        """:meth:`put_messages` of checked ``messages``."""
-        parts, cid, store = self._p, self.chat_store_key, self.chat_store
-        base = len(store.get_messages(cid)) if needs_index(parts, messages) else 0
-        for message in messages:
-            store.add_message(cid, message)
-        if parts.capture is not None:
-            capture_users(parts, cid, base, messages)
+        messages = check_messages(messages, ChatMessage, "messages")
+        capturing.store(self._p, self.chat_store, self.chat_store_key, messages)
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         """Async :meth:`put_messages`."""
         messages = check_messages(messages, ChatMessage, "messages")
-        parts, cid = self._p, self.chat_store_key
-        needs = needs_index(parts, messages)
-        base = len(await self.chat_store.aget_messages(cid)) if needs else 0
-        for message in messages:
-            await self.chat_store.async_add_message(cid, message)
-        capture_users(parts, cid, base, messages)
+        await capturing.astore(self._p, self.chat_store, self.chat_store_key, messages)
 
     def set(self, messages: list[ChatMessage]) -> None:
         """Replace the whole conversation.
@@ -616,14 +467,12 @@ class DemotingMemory(BaseChatStoreMemory):
         Returns:
             What each tier did, and how many messages left the chat store.
         """
-        return drive_sync(self._erase(inner, wait))
+        return drive_sync(erase_chat(self._p, self.chat_store, self.chat_store_key, inner, wait))
 
     async def aerase(self, *, inner: bool = True, wait: float | None = None) -> EraseReport:
         """Async :meth:`erase`: awaits the chat store, the engine and the tiers."""
-        return await drive_async(self._erase(inner, wait))
-
-    def _erase(self, inner: bool, wait: float | None) -> Flow[EraseReport]:
-        return erase_chat(self._p, self.chat_store, self.chat_store_key, inner, wait)
+        flow = erase_chat(self._p, self.chat_store, self.chat_store_key, inner, wait)
+        return await drive_async(flow)
 
 
 def restore_pickled(data: dict[str, Any]) -> DemotingMemory:

@@ -113,7 +113,8 @@ def dump(
         class_name: The memory's ``class_name()``.
         store: Its chat store.
         chat_store_key: Its conversation key.
-        parts: Its live parts (demoter, recall, capture), saved by name.
+        parts: Its live parts (demoter, recall, capture), saved by name; its memory
+            blocks, if any (``parts.blocks``), by their place in the demoter's hook.
         store_as_json: Save an unnamed ``SimpleChatStore``'s messages as JSON.
 
     Raises:
@@ -122,7 +123,7 @@ def dump(
     recall: Any = None
     if parts.recall is not None:
         recall = _HOOK if parts.recall is parts.demoter.hook else _named(parts.recall, "recall")
-    return {
+    data: dict[str, Any] = {
         "class_name": class_name,
         "version": VERSION,
         "chat_store": _store_json(store) if store_as_json else store,
@@ -134,6 +135,10 @@ def dump(
         "recall_role": parts.recall_role,
         "capture": None if parts.capture is None else _named(parts.capture, "capture"),
     }
+    blocks = getattr(parts, "blocks", None)
+    if blocks is not None:  # live blocks: by their place in the demoter's hook
+        data["memory_blocks"] = blocks.dump(parts.demoter.hook)
+    return data
 
 
 def load(data: dict[str, Any], **overrides: Any) -> dict[str, Any]:

@@ -20,32 +20,20 @@ ever searched for as words. The answer is always text for the model, rendered by
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Unpack
 
 from llama_index.core.tools import FunctionTool
 
-from demote.archive.recall_tool import TOOL_DESCRIPTION, RecallArgs, answer, tool_options
+from demote.archive.recall_tool import RecallArgs, RecallToolOptions, answer, tool_setup
 from demote.flow import Call, drive_async, drive_sync
 from demote.hooks.base import ArchiveRecall
 from demote.state.base import validate_conversation_id
-from demote.window.tokens import Counter
 
 __all__ = ["recall_tool"]
 
 
 def recall_tool(
-    archive: ArchiveRecall,
-    conversation_id: object,
-    *,
-    k: int = 5,
-    max_k: int = 20,
-    budget_tokens: int = 500,
-    max_budget_tokens: int = 4000,
-    fetch_budget_tokens: int = 2000,
-    counter: str | Counter = "approx",
-    snippets: bool = True,
-    name: str = "recall",
-    description: str = TOOL_DESCRIPTION,
+    archive: ArchiveRecall, conversation_id: object, **options: Unpack[RecallToolOptions]
 ) -> FunctionTool:
     """A LlamaIndex tool with which an agent searches and fetches its archived messages.
 
@@ -55,44 +43,29 @@ def recall_tool(
             with async twins when it has them (``SQLiteArchive``, ``PostgresArchive``).
         conversation_id: The conversation the tool reads: its id (the memory's
             ``chat_store_key``) or the :class:`~llamaindex_demote.DemotingMemory` itself.
-        k: Hits a search returns when the model does not say.
-        max_k: Most hits the model may ask for.
-        budget_tokens: Tokens a search answer takes at most when the model does not say.
-        max_budget_tokens: Most tokens the model may ask for.
-        fetch_budget_tokens: Tokens a fetched message takes at most when the model does
-            not say (longer ones are cut, and the cut says so).
-        counter: Counts the answer's tokens (the policy's counter).
-        snippets: Show a long search hit by its lines that match the query best (each
-            hit within its share of the budget); ``False``: by its head.
-        name: The tool's name.
-        description: What the model is told the tool does.
+        **options: The options both adapters' recall tools take, with their defaults
+            (``k``, ``max_k``, ``budget_tokens``, ``max_budget_tokens``,
+            ``fetch_budget_tokens``, ``counter``, ``snippets``, ``name``,
+            ``description``): see :class:`~demote.archive.recall_tool.RecallToolOptions`.
 
     Returns:
         A ``FunctionTool`` with a sync and an async function.
 
     Raises:
         ConfigError: ``archive`` cannot search and fetch, the conversation id is unusable
-            (:class:`~demote.errors.ConversationIdError`), or an option is out of range.
+            (:class:`~demote.errors.ConversationIdError`), or an option is unknown or out
+            of range.
     """
-    options = tool_options(
-        archive,
-        name,
-        k=k,
-        max_k=max_k,
-        budget_tokens=budget_tokens,
-        max_budget_tokens=max_budget_tokens,
-        fetch_budget_tokens=fetch_budget_tokens,
-        counter=counter,
-        snippets=snippets,
-    )
+    setup = tool_setup(archive, options)
     key_of = getattr(conversation_id, "chat_store_key", None)  # a DemotingMemory
     cid = validate_conversation_id(key_of if key_of is not None else conversation_id)
+    bounds = setup.options
 
     def flow(
         query: str | None, key: str | None, k: int | None, budget: int | None, start: int | None
     ) -> Generator[Call, Any, str]:
         return answer(
-            archive, cid, options, query=query, key=key, k=k, budget_tokens=budget, start=start
+            archive, cid, bounds, query=query, key=key, k=k, budget_tokens=budget, start=start
         )
 
     def recall(
@@ -116,5 +89,9 @@ def recall_tool(
         return await drive_async(flow(query, key, k, budget_tokens, start))
 
     return FunctionTool.from_defaults(
-        fn=recall, async_fn=arecall, name=name, description=description, fn_schema=RecallArgs
+        fn=recall,
+        async_fn=arecall,
+        name=setup.name,
+        description=setup.description,
+        fn_schema=RecallArgs,
     )

@@ -222,7 +222,7 @@ if __name__ == "__main__":  # pragma: no cover
 def test_assemble_sends_copies_with_placeholders_and_the_progress_note() -> None:
     from demote.engine import PROGRESS_PREFIX, Window
     from demote.records import Recalled
-    from llamaindex_demote._prompt import assemble
+    from llamaindex_demote._rendering import assemble
 
     system = ChatMessage(role=MessageRole.SYSTEM, content="rules")
     opener = ChatMessage(role=MessageRole.USER, content="do the job")

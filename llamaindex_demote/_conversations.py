@@ -40,7 +40,7 @@ from demote.engine import Demoter, Window
 from demote.records import MessageRecord
 
 if TYPE_CHECKING:
-    from llamaindex_demote._prompt import Parts
+    from llamaindex_demote._rendering import Parts
 
 
 class ReadingMemory(Protocol):
