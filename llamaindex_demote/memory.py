@@ -34,6 +34,11 @@ model is sent is the window plus the run's scratchpad, which grows with every to
 unless the agent's LLM is wrapped in :class:`~llamaindex_demote.DemotingLLM`, which finds
 the conversation in each request and bounds the whole of it, the run's steps included.
 
+Recalled text goes right after the question, so the prompt's prefix stays the same
+between calls, and it is never written to the chat store (never demoted or captured
+again). ``reset`` clears the chat store and the demotion state, the long tail keeps what
+it holds; ``erase`` deletes the conversation from every tier too (see :mod:`demote.erase`).
+
 A recall or capture that fails never fails the read or the write: the window goes without
 recall, the turn is not captured, and a ``degraded`` event says so (to the instrumentation
 and the demoter's observers, with a warning logged at most once a minute). A state store
