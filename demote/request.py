@@ -38,7 +38,7 @@ feature (the note, recall, placeholders, stand-in results) obeys the same three 
    question and window start), so an agent's steps after it keep being read from the
    cache.
 
-Sans-I/O: :func:`recall_flow` yields the search as a :class:`~demote.backends.flow.Call`
+Sans-I/O: :func:`recall_flow` yields the search as a :class:`~demote.flow.Call`
 (``search`` blocking, ``asearch`` awaited, or ``search`` in a worker thread) and returns
 what to place; :func:`compose` is pure. Recall (its settings, search, fitting and memo)
 is here; :func:`compose` and what it is handed (:class:`Renderer`, :class:`Recalling`,
@@ -57,10 +57,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 from demote._composing import Extra, Recalling, Renderer, compose, note_text
 from demote._validate import count as _count
-from demote.backends.flow import Call, Flow
 from demote.engine import Demoter, Window
 from demote.errors import ConfigError
 from demote.events import DemoteEvent
+from demote.flow import Call, Flow
 from demote.recall import Recall
 from demote.records import Recalled
 from demote.window.policy import SlidingWindow

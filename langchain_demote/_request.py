@@ -31,7 +31,7 @@ from demote.engine import Demoter, Window
 from demote.events import DemoteEvent
 from demote.records import MessageRecord
 
-__all__ = ["Flow", "Load", "Prepared", "model_call_metadata", "run_metadata"]
+__all__ = ["Load", "Preparation", "Prepared", "model_call_metadata", "run_metadata"]
 
 
 @dataclass(slots=True)
@@ -141,4 +141,4 @@ def run_metadata(window: Window[BaseMessage], recalled: int, reserved: int) -> d
 
 
 #: The preparation: a :data:`demote.flow.Flow` that returns a :class:`Prepared`.
-Flow = flow.Flow[Prepared]
+Preparation = flow.Flow[Prepared]

@@ -120,11 +120,11 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.runtime import Runtime
 
-from demote.backends.flow import Flow as EraseFlow
-from demote.backends.flow import drive_async, drive_sync
 from demote.engine import Demoter, Window
 from demote.erase import EraseReport
 from demote.errors import ConfigError, ConversationIdError
+from demote.flow import Flow as EraseFlow
+from demote.flow import drive_async, drive_sync
 from demote.hooks.base import Recall
 from demote.records import MessageRecord
 from demote.request import RECALL_PREFIX, render_recall
@@ -145,7 +145,7 @@ from langchain_demote._pruning import (
     reconcile,
 )
 from langchain_demote._recalling import recall_for, recaller
-from langchain_demote._request import Flow, Load, Prepared, model_call_metadata, run_metadata
+from langchain_demote._request import Load, Preparation, Prepared, model_call_metadata, run_metadata
 from langchain_demote._restarts import check_checkpointer
 from langchain_demote.callbacks import adispatch_events, dispatch_events
 from langchain_demote.history import render_window
@@ -397,7 +397,7 @@ class DemotingMiddleware(AgentMiddleware[DemotingAgentState, Any, Any]):
             )
         return first_message_conversation_id(request.state["messages"])
 
-    def _prepare(self, request: ModelRequest[Any]) -> Flow:
+    def _prepare(self, request: ModelRequest[Any]) -> Preparation:
         check_checkpointer(self, self.demoter)  # first call: a durable saver, state in memory?
         cid = self._conversation(request)
         messages: Sequence[BaseMessage] = request.messages

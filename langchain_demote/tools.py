@@ -48,8 +48,8 @@ from demote.archive.recall_tool import (
     answer,
     tool_setup,
 )
-from demote.backends.flow import drive_async, drive_sync
 from demote.errors import ConfigError
+from demote.flow import drive_async, drive_sync
 from demote.hooks.base import ArchiveRecall
 from langchain_demote._conversations import first_message_id, run_thread_id
 

@@ -7,7 +7,7 @@ does one of two things for the model: it *searches* the conversation's long tail
 query, or it *fetches* one archived message by the key a placeholder names
 (:func:`demote.window.clearing.placeholder_text`). Both adapters run the same generator,
 :func:`answer`: it yields the archive call it needs (a
-:class:`demote.backends.flow.Call`: ``search`` or ``fetch``, awaited as ``asearch`` /
+:class:`demote.flow.Call`: ``search`` or ``fetch``, awaited as ``asearch`` /
 ``afetch`` on the async path), is sent the result (or the exception) back, and returns
 the text the model reads. So the decisions (which action, how the model's ``k`` and
 budget are bounded, what a missing conversation or a failing archive answers) are written
@@ -35,8 +35,8 @@ from typing import Any, TypedDict
 from pydantic import BaseModel, Field
 
 from demote.archive.render import MIN_HIT_TOKENS, render_fetched, render_hits
-from demote.backends.flow import Call
 from demote.errors import ArgumentTypeError, ConfigError
+from demote.flow import Call
 from demote.recall import ArchiveRecall
 from demote.window.tokens import Counter, approximate_tokens, resolve_counter
 
@@ -285,7 +285,7 @@ def answer(
 ) -> Generator[Call, Any, str]:
     """One recall tool call as a flow: fetch by ``key`` when given, else search ``query``.
 
-    Run by :func:`demote.backends.flow.drive_sync` or :func:`demote.backends.flow.drive_async`.
+    Run by :func:`demote.flow.drive_sync` or :func:`demote.flow.drive_async`.
 
     Args:
         archive: An :class:`~demote.recall.ArchiveRecall` (``search`` and ``fetch``,
