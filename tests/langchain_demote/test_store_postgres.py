@@ -436,19 +436,21 @@ def test_while_the_store_is_cut_the_agent_answers_and_it_catches_up_after(
             assert sum(isinstance(m, HumanMessage) for m in sent) <= 4  # window + recall
         proxy.restore()
         deadline = time.monotonic() + 30
-        pending = -1
+        pending, recalled = -1, False
         while time.monotonic() < deadline:
             turn("The store is back: boats again.")
             pending = demoter.conversation_stats("cut").pending
-            if pending == 0:
+            # recall is back: the pool can still be reconnecting when the hook delivers
+            recalled = message_text(model.seen[-1][-1]).startswith(RECALL_PREFIX)
+            if pending == 0 and recalled:
                 break
             time.sleep(0.1)
         assert pending == 0
+        assert recalled, model.seen[-1]
         messages = agent.get_state(config).values["messages"]
         delivered = demoter.state_of("cut").delivered
         keys = expected_keys(demoter, "cut", messages, delivered)
         assert rows(pg) == sorted(("demote.cut", k) for k in keys)
-        assert message_text(model.seen[-1][-1]).startswith(RECALL_PREFIX)  # recall is back
     finally:
         proxy.restore()
         pool.close()
